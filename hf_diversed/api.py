@@ -1,0 +1,153 @@
+"""``generate(..., diversed_head=..., diversed_verifier=...)``: argument validation, once, at the boundary."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import torch
+
+from . import _compat
+from .decoding import DecodingSettings, assisted_decoding
+from .hub import load_head
+from .modeling_diversed_head import DiversedHead
+from .stats import DiversedStats
+from .verification import Diversed, VerificationRule, parse_rule
+
+_GENERATE_SIGNATURE = inspect.signature(_compat.original_generate)
+_LAST_STATS_ATTR = "_hf_diversed_last_stats"
+
+
+def _resolve_head(head: Any, target) -> DiversedHead:
+    if isinstance(head, DiversedHead):
+        resolved = head
+    elif isinstance(head, (str, os.PathLike)):
+        resolved = load_head(head)
+    else:
+        raise ValueError(
+            f"`diversed_head` expects a repo id, a local path or a DiversedHead, got {type(head).__name__}. "
+            f'Pass e.g. diversed_head="org/head-gsm8k".'
+        )
+    return resolved.to(target.device)
+
+
+def _check_pair(target, draft, head: DiversedHead | None) -> None:
+    if draft is None:
+        raise ValueError(
+            "`diversed_head` / `diversed_verifier` need a draft model: pass `assistant_model=draft` "
+            "(a smaller causal LM with the target's tokenizer)."
+        )
+    if target.config.is_encoder_decoder or draft.config.is_encoder_decoder:
+        raise ValueError("hf_diversed supports decoder-only (causal LM) target and draft models, not encoder-decoders.")
+    t_cfg, d_cfg = target.config.get_text_config(), draft.config.get_text_config()
+    if t_cfg.vocab_size != d_cfg.vocab_size:
+        raise ValueError(
+            f"Relaxed verification mixes target and draft distributions over one vocabulary, but the target has "
+            f"vocab_size={t_cfg.vocab_size} and the draft {d_cfg.vocab_size}. Use a draft model that shares the "
+            "target's tokenizer (same family, e.g. Qwen2.5-Coder-0.5B for Qwen2.5-Coder-1.5B)."
+        )
+    if head is not None:
+        expected = (head.config.target_hidden_size, head.config.draft_hidden_size)
+        actual = (t_cfg.hidden_size, d_cfg.hidden_size)
+        if expected != actual:
+            raise ValueError(
+                f"The DIVERSED head was built for target/draft hidden sizes {expected[0]}/{expected[1]}, but the "
+                f"models have {actual[0]}/{actual[1]}. Use a head trained for this pair "
+                f"(head config: target_model={head.config.target_model!r}, draft_model={head.config.draft_model!r}), "
+                "or DiversedHead.for_models(target, draft) for a fresh one."
+            )
+
+
+def _user_draft_length(bound: dict[str, Any]) -> tuple[int | None, str | None]:
+    """``num_assistant_tokens`` (and schedule) passed to this generate call, as kwargs or in its generation_config."""
+    kwargs = bound.get("kwargs", {})
+    config = bound.get("generation_config")
+    values = []
+    for name in ("num_assistant_tokens", "num_assistant_tokens_schedule"):
+        value = kwargs.get(name, getattr(config, name, None) if config is not None else None)
+        values.append(value)
+    n, schedule = values
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"`num_assistant_tokens` must be a positive int, got {n!r}. Pass e.g. num_assistant_tokens=5.")
+    return n, schedule
+
+
+def diversed_generate(model, original_generate, *args, **kwargs):
+    """Run ``original_generate`` with hf_diversed's assisted-decoding loop and the requested rule."""
+    head_arg = kwargs.pop("diversed_head", None)
+    verifier_arg = kwargs.pop("diversed_verifier", None)
+    if head_arg is None and verifier_arg is None:
+        return original_generate(model, *args, **kwargs)
+
+    bound = _GENERATE_SIGNATURE.bind_partial(model, *args, **kwargs).arguments
+    extra = bound.get("kwargs", {})
+    draft = bound.get("assistant_model")
+    rule: VerificationRule = parse_rule(verifier_arg) if verifier_arg is not None else Diversed()
+    if head_arg is not None and not rule.needs_head:
+        raise ValueError(
+            f"`diversed_head` is only used by the DIVERSED rule, but `diversed_verifier` selects {rule.spec()!r}. "
+            "Drop `diversed_head`, or drop `diversed_verifier` (DIVERSED is the default when a head is given)."
+        )
+    if rule.needs_head and head_arg is None:
+        raise ValueError('The DIVERSED rule needs an ensemble head: pass `diversed_head="org/head-gsm8k"` (or a path).')
+    if extra.get("assistant_tokenizer") is not None:
+        raise ValueError(
+            "Relaxed verification needs target and draft to share one tokenizer; `assistant_tokenizer` "
+            "(universal assisted decoding) is not supported. Use a same-tokenizer draft and drop it."
+        )
+    if extra.get("assistant_ensemble_weight") is not None:
+        raise ValueError(
+            "`assistant_ensemble_weight` and `diversed_verifier`/`diversed_head` both choose the verification "
+            'rule. Use diversed_verifier="static:W" for a static ensemble and drop `assistant_ensemble_weight`.'
+        )
+    num_beams = extra.get("num_beams", getattr(bound.get("generation_config"), "num_beams", None))
+    if num_beams is not None and num_beams > 1:
+        raise ValueError(f"Speculative decoding runs one beam; got num_beams={num_beams}. Drop `num_beams`.")
+    _check_pair(model, draft, None)
+    head = _resolve_head(head_arg, model) if head_arg is not None else None
+    _check_pair(model, draft, head)
+    num_tokens, schedule = _user_draft_length(bound)
+
+    settings = DecodingSettings(
+        rule=rule, head=head, num_assistant_tokens=num_tokens, num_assistant_tokens_schedule=schedule
+    )
+    token = _compat.active_settings.set(settings)
+    try:
+        with torch.no_grad():
+            output = original_generate(model, *args, **kwargs)
+    finally:
+        _compat.active_settings.reset(token)
+    if not settings.entered:
+        raise RuntimeError(
+            "`diversed_head`/`diversed_verifier` were given, but generate did not run assisted decoding with "
+            "this call's arguments (e.g. prompt_lookup_num_tokens or assistant_early_exit select another "
+            "mode). Remove those arguments."
+        )
+    setattr(model, _LAST_STATS_ATTR, settings.stats)
+    return output
+
+
+def check_batch_size(input_ids: torch.Tensor) -> None:
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"hf_diversed decodes one sequence at a time (batch size 1, like transformers' assisted generation); "
+            f"got batch size {input_ids.shape[0]}. Call generate once per prompt."
+        )
+
+
+def decoding_loop(model, settings: DecodingSettings, input_ids, *args, **kwargs):
+    check_batch_size(input_ids)
+    return assisted_decoding(model, settings, input_ids, *args, **kwargs)
+
+
+def last_stats(model) -> DiversedStats:
+    """Statistics of the last DIVERSED ``generate`` call on ``model`` (also ``output.diversed_stats``)."""
+    for candidate in (model, getattr(model, "get_base_model", lambda: None)()):
+        stats = getattr(candidate, _LAST_STATS_ATTR, None)
+        if stats is not None:
+            return stats
+    raise ValueError(
+        "No DIVERSED generate call has run on this model yet: call "
+        "model.generate(..., assistant_model=draft, diversed_head=...) first."
+    )

@@ -1,0 +1,50 @@
+"""``hf-diversed``: command-line entry point, one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from collections.abc import Sequence
+
+
+def _env(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    import hf_diversed
+
+    print(f"hf_diversed {hf_diversed.__version__}")
+    print(f"python {platform.python_version()} on {platform.platform()}")
+    print(f"torch {torch.__version__} (threads {torch.get_num_threads()}, cuda {torch.cuda.is_available()})")
+    print(f"transformers {transformers.__version__}")
+    for name in ("trl", "peft", "accelerate", "datasets", "huggingface_hub", "safetensors"):
+        try:
+            module = __import__(name)
+            print(f"{name} {module.__version__}")
+        except ImportError:
+            print(f"{name} not installed")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import demo, real_models
+
+    parser = argparse.ArgumentParser(prog="hf-diversed", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("env", help="print versions").set_defaults(func=_env)
+    models = real_models.add_arguments(sub.add_parser("models", help="download and convert the real models"))
+    models.set_defaults(func=real_models.run)
+    demo.add_arguments(sub.add_parser("demo", help="generate on the real pair, compare methods")).set_defaults(
+        func=demo.run
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

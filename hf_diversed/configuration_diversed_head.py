@@ -1,0 +1,63 @@
+"""Configuration of the DIVERSED ensemble head."""
+
+from __future__ import annotations
+
+import math
+
+from transformers import PreTrainedConfig
+
+
+class DiversedHeadConfig(PreTrainedConfig):
+    """Configuration of a :class:`DiversedHead`.
+
+    Args:
+        target_hidden_size: width of the target model's last hidden state (``config.hidden_size``).
+        draft_hidden_size: width of the draft model's last hidden state.
+        init_weight: the weight w a freshly initialised head outputs for every input (its output layer
+            starts at zero), so a fresh head is the static ensemble with this w.
+        head_hidden_size: 0 for the paper's single linear layer on ``[h_draft; h_target]``; > 0 adds one
+            hidden layer of that width (SiLU).
+        normalize_features: RMS-normalise each hidden state before the head (parameter-free), so the
+            head's scale does not depend on the language models' activation norms.
+        initializer_range: std of the normal init of hidden layers.
+        target_model, draft_model: provenance, the pair the head was trained for (Hub ids or names).
+        vocab_size: the shared vocabulary size of that pair (provenance and a compatibility check).
+        task: the task the head was trained on (one head per task).
+    """
+
+    model_type = "diversed_head"
+
+    def __init__(
+        self,
+        target_hidden_size: int = 1536,
+        draft_hidden_size: int = 896,
+        init_weight: float = 0.5,
+        head_hidden_size: int = 0,
+        normalize_features: bool = True,
+        initializer_range: float = 0.02,
+        target_model: str | None = None,
+        draft_model: str | None = None,
+        vocab_size: int | None = None,
+        task: str | None = None,
+        **kwargs,
+    ):
+        for name, value in (("target_hidden_size", target_hidden_size), ("draft_hidden_size", draft_hidden_size)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive int (the model's config.hidden_size), got {value!r}.")
+        if not isinstance(head_hidden_size, int) or head_hidden_size < 0:
+            raise ValueError(
+                f"`head_hidden_size` must be an int >= 0 (0 = one linear layer), got {head_hidden_size!r}."
+            )
+        if not (isinstance(init_weight, (int, float)) and 0.0 <= init_weight <= 1.0 and math.isfinite(init_weight)):
+            raise ValueError(f"`init_weight` must be in [0, 1], got {init_weight!r}. Pass e.g. init_weight=0.5.")
+        self.target_hidden_size = target_hidden_size
+        self.draft_hidden_size = draft_hidden_size
+        self.init_weight = float(init_weight)
+        self.head_hidden_size = head_hidden_size
+        self.normalize_features = normalize_features
+        self.initializer_range = initializer_range
+        self.target_model = target_model
+        self.draft_model = draft_model
+        self.vocab_size = vocab_size
+        self.task = task
+        super().__init__(**kwargs)

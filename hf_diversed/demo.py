@@ -1,0 +1,84 @@
+"""``hf-diversed demo``: generate on the real pair and compare decoding methods side by side."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from .methods import Method, timed_generate
+
+
+def load_pair(target_name: str, draft_name: str, dtype: torch.dtype):
+    """Load (tokenizer, target, draft); names may be the built-in real models, Hub ids or local paths."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .real_models import resolve_model
+
+    target_path, draft_path = resolve_model(target_name), resolve_model(draft_name)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).eval()
+    return tokenizer, target, draft
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from .real_models import DRAFT_NAME, TARGET_NAME
+
+    parser.add_argument("--target", default=TARGET_NAME, help="target model: built-in name, Hub id or path")
+    parser.add_argument("--draft", default=DRAFT_NAME, help="draft model sharing the target's tokenizer")
+    parser.add_argument("--head", default=None, help="DIVERSED head (Hub id or path); default: a fresh w=0.5 head")
+    parser.add_argument("--task", default="gsm8k", help="task whose first test prompt is used")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--num-assistant-tokens", type=int, default=5, help="draft length N")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from .hub import load_head
+    from .modeling_diversed_head import DiversedHead
+    from .tasks import get_task
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, args.dtype))
+    head = load_head(args.head) if args.head else DiversedHead.for_models(target, draft, init_weight=0.5)
+    task = get_task(args.task)
+    row = task.load("test")[0]
+    input_ids = tokenizer.apply_chat_template(
+        task.build_messages(row), add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
+    print(f"loaded target/draft in {time.perf_counter() - start:.1f}s; prompt: {len(input_ids[0])} tokens")
+
+    methods = [Method("ar"), Method("exact"), Method("static:0.5"), Method("diversed")]
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        num_assistant_tokens=args.num_assistant_tokens,
+        head=head,
+    )
+    timed_generate(target, draft, input_ids, Method("exact"), **{**kwargs, "max_new_tokens": 8})  # warm-up
+    records = {}
+    for method in methods:
+        records[method.spec] = record = timed_generate(target, draft, input_ids, method, seed=args.seed, **kwargs)
+        print(f"\n--- {method.spec} ---\n{tokenizer.decode(record.new_tokens, skip_special_tokens=True)}")
+
+    base = records["ar"].tokens_per_second
+    label = "fresh head, w=0.5" if args.head is None else args.head
+    print("\n| method | tokens | tok/s | speedup | acceptance | accepted/round | mean w |")
+    print("|---|---|---|---|---|---|---|")
+    for spec, rec in records.items():
+        s = rec.stats
+        name = f"diversed ({label})" if spec == "diversed" else spec
+        acc = f"{s.acceptance_rate:.1%} | {s.mean_accepted_per_round:.2f} | {s.mean_weight:.2f}" if s else "- | - | -"
+        print(
+            f"| {name} | {len(rec.new_tokens)} | {rec.tokens_per_second:.2f} | "
+            f"{rec.tokens_per_second / base:.2f}x | {acc} |"
+        )
+    return 0

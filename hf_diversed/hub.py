@@ -1,0 +1,80 @@
+"""Loading DIVERSED heads from the Hub, the local HF cache or a directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from huggingface_hub.errors import HFValidationError
+
+from .configuration_diversed_head import DiversedHeadConfig
+from .modeling_diversed_head import DiversedHead
+
+_loaded: dict[tuple[str, float, str], DiversedHead] = {}
+
+
+def _cache_key(name_or_path: str) -> tuple[str, float]:
+    weights = Path(name_or_path) / "model.safetensors"
+    return (name_or_path, weights.stat().st_mtime if weights.is_file() else 0.0)
+
+
+def load_head(name_or_path: str | os.PathLike, *, revision: str | None = None, cache: bool = True) -> DiversedHead:
+    """Load a :class:`DiversedHead` from a Hub repo id (online, or from the HF cache when offline) or a directory.
+
+    Only safetensors weights are read, and no repository code is ever executed (the head class is this
+    package's own). Loaded heads are memoised per id/path (a rewritten local directory is reloaded).
+    """
+    name = os.fspath(name_or_path)
+    key = (*_cache_key(name), revision or "")
+    if cache and key in _loaded:
+        return _loaded[key]
+    try:
+        config = DiversedHeadConfig.from_pretrained(name, revision=revision)
+        head = DiversedHead.from_pretrained(name, config=config, revision=revision, use_safetensors=True)
+    except (OSError, HFValidationError, ValueError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+        where = "the Hub" if not offline else "the local Hugging Face cache (HF_HUB_OFFLINE is set)"
+        raise OSError(
+            f"Could not load the DIVERSED head {name!r}: it is not a directory with config.json and "
+            f"model.safetensors, and it could not be found in {where}. Pass a local directory saved with "
+            f"`head.save_pretrained(dir)`, or a Hub id such as 'org/head-gsm8k' after downloading it "
+            f"(`hf download org/head-gsm8k`) while online. Cause: {err}"
+        ) from err
+    if config.model_type != DiversedHeadConfig.model_type:
+        raise ValueError(f"{name!r} holds a {config.model_type!r} model, not a DIVERSED head (diversed_head).")
+    head.eval()
+    if cache:
+        _loaded[key] = head
+    return head
+
+
+def seed_hf_cache(repo_id: str, folder: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Place the files of ``folder`` in the local Hugging Face cache as revision ``main`` of model ``repo_id``.
+
+    With ``HF_HUB_OFFLINE=1``, ``from_pretrained(repo_id)`` (and ``diversed_head=repo_id``) then resolve to
+    these files exactly as they would after a download. ``cache_dir`` defaults to the hub cache of
+    ``HF_HOME``. Returns the snapshot directory.
+    """
+    import hashlib
+    import shutil
+
+    from huggingface_hub import constants
+
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    if not files:
+        raise FileNotFoundError(f"{folder} has no files to put in the cache; save a head there first.")
+    digest = hashlib.sha1()
+    for path in files:
+        digest.update(str(path.relative_to(folder)).encode())
+        digest.update(path.read_bytes())
+    commit = digest.hexdigest()
+    repo_dir = Path(cache_dir or constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / commit
+    for path in files:
+        dest = snapshot / path.relative_to(folder)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    return snapshot

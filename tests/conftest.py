@@ -1,0 +1,81 @@
+"""Tiny random causal LMs built from configs (seconds on CPU), shared by the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+import hf_diversed  # noqa: F401  (patches generate)
+
+torch.set_num_threads(1)
+
+VOCAB = 128
+EOS = 1
+
+
+def _common(hidden: int, layers: int) -> dict:
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=EOS,
+        pad_token_id=2,
+        initializer_range=0.2,  # peaked distributions, so drafts are sometimes accepted
+    )
+
+
+def build_tiny(family: str, hidden: int, layers: int, seed: int) -> torch.nn.Module:
+    """A tiny random causal LM of ``family`` ('llama', 'qwen3', 'gemma3')."""
+    torch.manual_seed(seed)
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**_common(hidden, layers)))
+    elif family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=hidden // 4, **_common(hidden, layers)))
+    elif family == "gemma3":
+        config = Gemma3TextConfig(head_dim=hidden // 4, sliding_window=16, **_common(hidden, layers))
+        model = Gemma3ForCausalLM(config)
+    else:
+        raise ValueError(family)
+    model.generation_config.assistant_confidence_threshold = 0.0  # draft full blocks
+    model.generation_config.num_assistant_tokens = 4
+    return model.eval()
+
+
+def build_pair(family: str = "llama") -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(target, draft): the draft is a copy of the target with perturbed weights, so they agree often."""
+    target = build_tiny(family, hidden=64, layers=2, seed=0)
+    draft = build_tiny(family, hidden=64, layers=2, seed=0)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(0.05 * param.std() * torch.randn_like(param) if param.numel() > 1 else 0)
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def llama_pair():
+    return build_pair("llama")
+
+
+@pytest.fixture(scope="session")
+def small_draft_pair():
+    """Target and draft of different widths (64 vs 32), as in real pairs."""
+    return build_tiny("llama", hidden=64, layers=2, seed=0), build_tiny("llama", hidden=32, layers=1, seed=3)
+
+
+def prompts(n: int, length: int = 6, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (1, length + i), generator=g) for i in range(n)]

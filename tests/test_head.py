@@ -1,0 +1,167 @@
+"""The ensemble head: its output contract, and its life as a Hub model (save, load, cache, push)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel
+
+import hf_diversed
+from hf_diversed import DiversedHead, DiversedHeadConfig, load_head
+from hf_diversed.hub import seed_hf_cache
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _inputs(seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 7, 32, generator=g) * scale, torch.randn(2, 7, 64, generator=g) * scale
+
+
+@pytest.mark.parametrize("w0", [0.0, 0.1, 0.3, 0.5, 0.8, 1.0])
+@pytest.mark.parametrize("hidden", [0, 16])
+def test_fresh_head_outputs_exactly_init_weight(w0, hidden):
+    head = DiversedHead(
+        DiversedHeadConfig(target_hidden_size=64, draft_hidden_size=32, init_weight=w0, head_hidden_size=hidden)
+    )
+    for scale in (1e-3, 1.0, 1e3):
+        w = head(*_inputs(scale=scale)).weight
+        assert w.dtype == torch.float32 and w.shape == (2, 7)
+        assert bool((w == torch.tensor(w0, dtype=torch.float32)).all())
+
+
+def test_trained_head_stays_in_unit_interval_and_is_fp32():
+    head = DiversedHead(DiversedHeadConfig(target_hidden_size=64, draft_hidden_size=32, init_weight=0.3))
+    torch.nn.init.normal_(head.out.weight, std=3.0)
+    d, t = _inputs(scale=50.0)
+    with torch.no_grad():
+        w = head(d.bfloat16(), t.bfloat16()).weight
+    assert w.dtype == torch.float32 and float(w.min()) >= 0.0 and float(w.max()) <= 1.0
+    assert float(w.std()) > 0.01
+    z = torch.linspace(-20, 20, 401)
+    mapped = head.weight_from_logits(z)
+    assert bool((mapped[1:] >= mapped[:-1]).all()) and mapped[0] >= 0 and mapped[-1] <= 1
+
+
+def test_size_mismatch_names_both_sizes():
+    head = DiversedHead(DiversedHeadConfig(target_hidden_size=64, draft_hidden_size=32))
+    with pytest.raises(ValueError, match="expects draft/target hidden sizes 32/64, got 48/64"):
+        head(torch.zeros(1, 1, 48), torch.zeros(1, 1, 64))
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match=r"`init_weight` must be in \[0, 1\]"):
+        DiversedHeadConfig(init_weight=1.5)
+    with pytest.raises(ValueError, match="`target_hidden_size` must be a positive int"):
+        DiversedHeadConfig(target_hidden_size=0)
+
+
+def _trained_head() -> DiversedHead:
+    config = DiversedHeadConfig(
+        target_hidden_size=64,
+        draft_hidden_size=32,
+        init_weight=0.4,
+        head_hidden_size=8,
+        target_model="org/target",
+        draft_model="org/draft",
+        vocab_size=128,
+        task="gsm8k",
+    )
+    head = DiversedHead(config)
+    torch.nn.init.normal_(head.out.weight, std=1.0)
+    return head
+
+
+def test_save_and_auto_load_round_trip(tmp_path):
+    head = _trained_head()
+    head.save_pretrained(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]  # safetensors only, no pickle
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "diversed_head" and config["task"] == "gsm8k"
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), DiversedHeadConfig)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    assert isinstance(loaded, DiversedHead)
+    torch.testing.assert_close(loaded(*_inputs()).weight, head(*_inputs()).weight, rtol=0, atol=0)
+    torch.testing.assert_close(load_head(tmp_path)(*_inputs()).weight, head(*_inputs()).weight, rtol=0, atol=0)
+
+
+def test_offline_hub_cache_round_trip(tmp_path):
+    """A head seeded into HF_HOME's cache loads by repo id with HF_HUB_OFFLINE=1 (fresh process)."""
+    head = _trained_head()
+    head.save_pretrained(tmp_path / "saved")
+    hf_home = tmp_path / "hf_home"
+    seed_hf_cache("org/head-test", tmp_path / "saved", cache_dir=hf_home / "hub")
+    expected = head(*_inputs()).weight
+    torch.save(expected, tmp_path / "expected.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {str(REPO / "tests")!r})
+        import hf_diversed
+        from transformers import AutoModel
+        from conftest import build_tiny
+        from test_head import _inputs
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        auto = AutoModel.from_pretrained("org/head-test")
+        assert torch.equal(auto(*_inputs()).weight, expected)
+        target, draft = build_tiny("llama", 64, 1, 0), build_tiny("llama", 32, 1, 1)
+        out = target.generate(torch.tensor([[5, 6, 7]]), assistant_model=draft, diversed_head="org/head-test",
+                              max_new_tokens=5, return_dict_in_generate=True)
+        assert out.diversed_stats.num_rounds > 0
+        print("OK")
+        """
+    )
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_push_to_hub_uploads_safetensors_and_config(tmp_path, monkeypatch):
+    import transformers.utils.hub as transformers_hub
+
+    uploaded: dict[str, bytes] = {}
+
+    class FakeApi:
+        def create_repo(self, repo_id, **kwargs):
+            return type("RepoUrl", (), {"repo_id": repo_id})()
+
+        def create_commit(self, repo_id, operations, **kwargs):
+            for op in operations:
+                uploaded[op.path_in_repo] = Path(op.path_or_fileobj).read_bytes()
+            return "commit"
+
+    monkeypatch.setattr(transformers_hub, "_hf_api", FakeApi())
+    head = _trained_head()
+    head.push_to_hub("org/head-push")
+    assert {"config.json", "model.safetensors"} <= set(uploaded)
+    assert json.loads(uploaded["config.json"])["model_type"] == "diversed_head"
+    (tmp_path / "model.safetensors").write_bytes(uploaded["model.safetensors"])
+    (tmp_path / "config.json").write_bytes(uploaded["config.json"])
+    assert torch.equal(load_head(tmp_path)(*_inputs()).weight, head(*_inputs()).weight)
+
+
+def test_repository_code_is_never_executed(tmp_path):
+    """A head repo that ships Python code and an auto_map: loading it runs none of that code."""
+    _trained_head().save_pretrained(tmp_path)
+    marker = tmp_path / "pwned"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\nclass Evil: pass\n")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.Evil", "AutoModel": "evil.Evil"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    head = load_head(tmp_path, cache=False)
+    assert isinstance(head, DiversedHead) and not marker.exists()
+    assert isinstance(AutoModel.from_pretrained(tmp_path), DiversedHead)  # the registered class, not evil.py
+    assert not marker.exists()
+
+
+def test_public_api_is_small_and_sorted():
+    assert hf_diversed.__all__ == sorted(hf_diversed.__all__)
+    for name in hf_diversed.__all__:
+        assert getattr(hf_diversed, name) is not None

@@ -1,0 +1,183 @@
+"""Verification rules: the output law each rule states, in closed form and by seeded Monte-Carlo.
+
+Monte-Carlo tolerances use the Bretagnolle-Huber-Carol bound P(TV(emp, law) >= eps) <= 2^V exp(-2 N eps^2):
+V = 8, N = 200_000, eps = 0.007 gives <= 8e-7 odds of a false failure per check; acceptance rates use
+Hoeffding, P(|rate - expected| >= 0.006) <= 2 exp(-2 N 0.006^2) ~ 1.1e-6. The seeds are fixed anyway.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_diversed import Diversed, ExactSD, LossySD, SpecCascade, StaticEnsemble, parse_rule
+from hf_diversed.verification import total_variation
+
+V, N, EPS, ACC_EPS = 8, 200_000, 0.007, 0.006
+
+RULES = [
+    ExactSD(),
+    StaticEnsemble(0.3),
+    StaticEnsemble(0.8),
+    Diversed(),
+    LossySD(0.5),
+    SpecCascade("chow", 0.4),
+    SpecCascade("diff", 0.1),
+    SpecCascade("opt", 0.5),
+]
+
+
+def _dists(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(V, generator=g) * 1.5, torch.randn(V, generator=g) * 1.5  # target, draft logits
+
+
+def _expected_law(rule, p, q, w):
+    """The law each docstring states, written independently of the implementation."""
+    if isinstance(rule, LossySD):
+        beta = torch.minimum(q, p / rule.lenience).sum()
+        res = (p - rule.lenience * q).clamp_min(0)
+        return torch.minimum(q, p / rule.lenience) + (1 - beta) * res / res.sum()
+    return w * p + (1 - w) * q  # every mixture rule: pi = w p + (1 - w) q
+
+
+def _weight(rule, p, q):
+    head_weight = torch.tensor([[0.35]])
+    return rule.weights(p.view(1, 1, V), q.view(1, 1, V), head_weight).view(())
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.spec())
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_closed_form_law_matches_stated_law(rule, seed):
+    zp, zq = _dists(seed)
+    p, q = zp.softmax(-1), zq.softmax(-1)
+    w = _weight(rule, p, q)
+    law = rule.output_law(p.view(1, 1, V), q.view(1, 1, V), w.view(1, 1)).view(V)
+    torch.testing.assert_close(law, _expected_law(rule, p, q, w), atol=1e-6, rtol=0)
+    assert math.isclose(float(law.sum()), 1.0, abs_tol=1e-6)
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES if not isinstance(r, LossySD)], ids=lambda r: r.spec())
+@pytest.mark.parametrize("seed", [0, 1])
+def test_acceptance_is_one_minus_w_tv(rule, seed):
+    zp, zq = _dists(seed)
+    p, q = zp.softmax(-1), zq.softmax(-1)
+    w = _weight(rule, p, q)
+    accept = rule.acceptance_probability(p.view(1, 1, V), q.view(1, 1, V), w.view(1, 1)).view(())
+    assert math.isclose(float(accept), float(1 - w * total_variation(p, q)), abs_tol=1e-6)
+
+
+def _monte_carlo(rule, seed: int):
+    """Run verify on N independent one-token drafts (the batch is the sample)."""
+    zp, zq = _dists(seed)
+    g = torch.Generator().manual_seed(1000 + seed)
+    draft_logits = zq.expand(N, 1, V)
+    target_logits = torch.stack([zp, torch.randn(V, generator=g)]).expand(N, 2, V)
+    draft_tokens = torch.multinomial(zq.softmax(-1).expand(N, V), 1, generator=g)  # x ~ q, (N, 1)
+    head_weight = torch.full((N, 1), 0.35)
+    verdict = rule.verify(
+        draft_tokens, draft_logits, target_logits, do_sample=True, head_weight=head_weight, generator=g
+    )
+    p, q = zp.softmax(-1), zq.softmax(-1)
+    return verdict, p, q, _weight(rule, p, q)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.spec())
+def test_monte_carlo_output_law(rule):
+    verdict, p, q, w = _monte_carlo(rule, seed=3)
+    first = verdict.tokens[:, 0]  # the accepted draft or the resampled token
+    empirical = torch.bincount(first, minlength=V).double() / N
+    law = _expected_law(rule, p, q, w).double()
+    assert 0.5 * (empirical - law).abs().sum() < EPS
+    expected_accept = float(rule.acceptance_probability(p.view(1, 1, V), q.view(1, 1, V), w.view(1, 1)))
+    assert abs(float(verdict.num_accepted.double().mean()) - expected_accept) < ACC_EPS
+
+
+def test_bonus_token_comes_from_p():
+    """A fully accepted block (draft = target) is followed by a sample of p at the last row."""
+    zq = torch.zeros(V)
+    bonus_logits = torch.randn(V, generator=torch.Generator().manual_seed(4)) * 2
+    target_logits = torch.stack([zq, bonus_logits]).expand(N, 2, V)
+    g = torch.Generator().manual_seed(5)
+    draft_tokens = torch.multinomial(zq.softmax(-1).expand(N, V), 1, generator=g)
+    verdict = StaticEnsemble(0.5).verify(draft_tokens, zq.expand(N, 1, V), target_logits, do_sample=True, generator=g)
+    assert bool((verdict.num_accepted == 1).all())  # p = q: always accepted
+    empirical = torch.bincount(verdict.tokens[:, 1], minlength=V).double() / N
+    assert 0.5 * (empirical - bonus_logits.softmax(-1).double()).abs().sum() < EPS
+
+
+def test_residual_falls_back_to_p_when_empty():
+    """If max(0, pi - q) is all zero (p = q on a rejected row) the resample comes from p."""
+    p = torch.tensor([0.5, 0.5, 0.0, 0.0]).log()
+    rule = ExactSD()
+    law = rule.output_law(p.softmax(-1).view(1, 1, 4), p.softmax(-1).view(1, 1, 4), torch.ones(1, 1))
+    torch.testing.assert_close(law.view(4), p.softmax(-1))
+
+
+def test_greedy_verdicts():
+    # position 0: p favours 2, q favours 3; position 1: both favour 5.
+    p = torch.full((1, 3, V), -5.0)
+    p[0, 0, 2], p[0, 0, 3], p[0, 1, 5], p[0, 2, 7] = 3.0, 2.9, 4.0, 4.0
+    q = torch.full((1, 2, V), -5.0)
+    q[0, 0, 3], q[0, 1, 5] = 4.0, 4.0
+    draft = torch.tensor([[3, 5]])
+    exact = ExactSD().verify(draft, q, p, do_sample=False)
+    assert exact.num_accepted.tolist() == [0] and exact.tokens[0, 0].item() == 2  # correction argmax p
+    mixed = StaticEnsemble(0.5).verify(draft, q, p, do_sample=False)  # argmax nu at pos 0 is 3
+    assert mixed.num_accepted.tolist() == [2] and mixed.tokens[0, 2].item() == 7  # bonus argmax p
+    lenient = LossySD(0.5).verify(draft, q, p, do_sample=False)  # p(3) >= 0.5 max p
+    assert lenient.num_accepted.tolist() == [2]
+    strict = LossySD(1.0).verify(draft, q, p, do_sample=False)
+    assert strict.num_accepted.tolist() == [0] and strict.tokens[0, 0].item() == 2
+
+
+def test_cascade_deferral_rules():
+    p = torch.tensor([[[0.9, 0.1], [0.5, 0.5]]])
+    q = torch.tensor([[[0.6, 0.4], [0.95, 0.05]]])
+    assert SpecCascade("chow", 0.3).weights(p, q, None).tolist() == [[1.0, 0.0]]  # max q < 0.7
+    assert SpecCascade("diff", 0.2).weights(p, q, None).tolist() == [[1.0, 0.0]]  # 0.6 < 0.9 - 0.2
+    assert SpecCascade("opt", 0.5).weights(p, q, None).tolist() == [[1.0, 0.0]]  # 0.6 < 0.9 - 0.5 * 0.3
+
+
+def test_static_ensemble_ratio_is_bitwise_transformers_expression():
+    """The accept test compares against transformers' own float expression 1.0 - w + w * (p / q)."""
+    g = torch.Generator().manual_seed(0)
+    p_x, q_x = torch.rand(1000, generator=g), torch.rand(1000, generator=g) + 1e-3
+    for w in (0.1, 0.3, 0.5, 0.8, 0.9):
+        ours = StaticEnsemble(w).acceptance_ratio(p_x, q_x, torch.full_like(p_x, w))
+        assert torch.equal(ours, 1.0 - w + w * (p_x / q_x))
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("exact", ExactSD()),
+        ("diversed", Diversed()),
+        ("static:0.5", StaticEnsemble(0.5)),
+        ("lossy:0.7", LossySD(0.7)),
+        ("cascade-chow:0.2", SpecCascade("chow", 0.2)),
+        ("cascade:0.2", SpecCascade("opt", 0.2)),
+    ],
+)
+def test_parse_rule(spec, expected):
+    assert parse_rule(spec) == expected
+    assert parse_rule(expected.spec()) == expected
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("static:1.5", "must be in \\[0, 1\\]"),
+        ("lossy:0", "lenience l must be in \\(0, 1\\]"),
+        ("cascade-foo:0.1", "Unknown SpecCascade rule"),
+        ("cascade-opt:-1", "alpha must be in"),
+        ("typical", "Unknown verification rule"),
+        ("static:abc", "non-numeric"),
+        (3, "expects a rule name"),
+    ],
+)
+def test_bad_rules_raise_with_fix(bad, message):
+    with pytest.raises(ValueError, match=message):
+        parse_rule(bad)
