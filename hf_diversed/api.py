@@ -77,6 +77,7 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     """Run ``original_generate`` with hf_diversed's assisted-decoding loop and the requested rule."""
     head_arg = kwargs.pop("diversed_head", None)
     verifier_arg = kwargs.pop("diversed_verifier", None)
+    trace = kwargs.pop("_diversed_trace", None)  # private: a list to receive per-round traces (rollouts)
     if head_arg is None and verifier_arg is None:
         return original_generate(model, *args, **kwargs)
 
@@ -110,7 +111,7 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     num_tokens, schedule = _user_draft_length(bound)
 
     settings = DecodingSettings(
-        rule=rule, head=head, num_assistant_tokens=num_tokens, num_assistant_tokens_schedule=schedule
+        rule=rule, head=head, num_assistant_tokens=num_tokens, num_assistant_tokens_schedule=schedule, trace=trace
     )
     token = _compat.active_settings.set(settings)
     try:

@@ -28,7 +28,7 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import demo, real_models
+    from . import bench, demo, real_models
 
     parser = argparse.ArgumentParser(prog="hf-diversed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_arguments(sub.add_parser("demo", help="generate on the real pair, compare methods")).set_defaults(
         func=demo.run
     )
+    bench.add_arguments(sub.add_parser("bench", help="quality versus speed of decoding methods on real tasks"))
+    sub.choices["bench"].set_defaults(func=bench.run)
     return parser
 
 

@@ -40,6 +40,8 @@ class DecodingSettings:
     generator: torch.Generator | None = None
     stats: DiversedStats = field(default_factory=DiversedStats)
     entered: bool = False
+    # When a list: one dict per round (see ``_trace_round``) describing the emitted drafted positions.
+    trace: list | None = None
 
 
 @dataclass
@@ -47,6 +49,44 @@ class DiversedGenerateOutput(GenerateDecoderOnlyOutput):
     """``GenerateDecoderOnlyOutput`` plus ``diversed_stats`` (:class:`DiversedStats`)."""
 
     diversed_stats: DiversedStats | None = None
+
+
+def _trace_round(
+    settings,
+    target_recorder,
+    candidate_generator,
+    new_logits,
+    candidate_logits,
+    valid_tokens,
+    weight,
+    tv,
+    candidate_length,
+) -> None:
+    """Append one round's emitted *drafted* positions (accepted drafts and the correction token, after the
+    EOS / length crops; never the bonus token) to ``settings.trace``.
+
+    Entry keys: ``tokens`` (k,), ``p_y`` / ``q_y`` (k,) target / draft probabilities of the emitted tokens
+    (after logits processors), ``tv`` (k,) TV(p_t, q_t), ``w`` (k,) the mixture weight used, and, when a
+    head is present, ``h_draft`` (k, D_draft) and ``h_target`` (k, D_target) (the head's inputs), all
+    float32, detached, on CPU.
+    """
+    k = min(valid_tokens.shape[1], candidate_length)
+    if k <= 0:
+        return
+    tokens = valid_tokens[0, :k]
+    p = new_logits[0, :k].float().softmax(-1)
+    q = candidate_logits[0, :k].float().softmax(-1)
+    entry = {
+        "tokens": tokens.detach().cpu(),
+        "p_y": p.gather(-1, tokens.view(-1, 1).to(p.device)).squeeze(-1).detach().cpu(),
+        "q_y": q.gather(-1, tokens.view(-1, 1).to(q.device)).squeeze(-1).detach().cpu(),
+        "tv": tv[0, :k].detach().float().cpu(),
+        "w": weight[0, :k].detach().float().cpu(),
+    }
+    if target_recorder is not None and candidate_generator.draft_hidden_states is not None:
+        entry["h_target"] = target_recorder.states[-1][0, -candidate_length - 1 : -1][:k].detach().float().cpu()
+        entry["h_draft"] = candidate_generator.draft_hidden_states[0, :k].detach().float().cpu()
+    settings.trace.append(entry)
 
 
 def assisted_decoding(
@@ -181,6 +221,18 @@ def assisted_decoding(
             if eos_positions.numel() > 0:
                 valid_tokens = valid_tokens[:, : eos_positions[0].item() + 1]
         n_matches = valid_tokens.shape[1] - 1
+        if settings.trace is not None:
+            _trace_round(
+                settings,
+                target_recorder,
+                candidate_generator,
+                new_logits,
+                candidate_logits,
+                valid_tokens,
+                verdict.weight,
+                verdict.tv,
+                candidate_length,
+            )
 
         # 4. Append, roll back the target cache past the accepted prefix, update the draft schedule.
         input_ids = torch.cat((input_ids, valid_tokens), dim=-1)

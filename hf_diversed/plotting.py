@@ -1,0 +1,98 @@
+"""Quality-vs-speed plots of ``hf-diversed bench`` summaries (matplotlib, Agg backend, no display needed)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["plot_quality_speed"]
+
+_X_LABELS = {"speedup": "speedup over autoregressive (×)", "acceptance_rate": "acceptance rate (accepted / drafted)"}
+
+
+def _ok(value) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _x_value(row: dict, x: str):
+    if x == "speedup" and row["method"] == "ar":
+        return 1.0
+    return row.get(x)
+
+
+def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str = "speedup") -> Path | None:
+    """Plot task quality (y) against ``x`` ("speedup" or "acceptance_rate") for bench summary rows.
+
+    One panel per (task, temperature), in the order the rows come. The static-ensemble sweep (``static:W``)
+    is drawn as a connected frontier line with its w values as labels (one line per draft length N); every
+    other method is a labelled point; the autoregressive quality is a dashed horizontal reference line.
+    Returns the path, or
+    None when no row has both values (nothing is written then).
+    """
+    if x not in _X_LABELS:
+        raise ValueError(f"x must be one of {', '.join(_X_LABELS)}; got {x!r}")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # no pyplot: no global backend/state, always Agg
+
+    panels: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        panels[(row["task"], row["temperature"])].append(row)
+    panels = {k: v for k, v in panels.items() if any(_ok(r.get("quality")) for r in v)}
+    if not panels:
+        return None
+
+    n = len(panels)
+    cols = min(n, 3)
+    nrows = math.ceil(n / cols)
+    fig = Figure(figsize=(5.2 * cols, 4.2 * nrows))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, cols, squeeze=False)
+    for ax, ((task, temperature), panel) in zip(axes.flat, panels.items(), strict=False):
+        multi_n = len({r.get("N") for r in panel if r.get("N")}) > 1
+        for row in panel:
+            if row["method"] == "ar" and _ok(row.get("quality")):
+                ax.axhline(row["quality"], color="grey", linestyle="--", linewidth=1, label="ar (target alone)")
+        sweeps: dict[object, list[dict]] = defaultdict(list)
+        for row in panel:
+            if row["method"].startswith("static:") and _ok(_x_value(row, x)) and _ok(row.get("quality")):
+                sweeps[row.get("N")].append(row)
+        for n_value, sweep in sorted(sweeps.items(), key=lambda kv: kv[0] or 0):
+            sweep.sort(key=lambda r: float(r["method"].split(":")[1]))
+            xs = [_x_value(r, x) for r in sweep]
+            ys = [r["quality"] for r in sweep]
+            label = "static ensemble (w sweep)" + (f", N={n_value}" if multi_n else "")
+            ax.plot(xs, ys, marker="o", linewidth=1.5, label=label)
+            for r, xv, yv in zip(sweep, xs, ys, strict=True):
+                ax.annotate(f"w={float(r['method'].split(':')[1]):g}", (xv, yv), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7)  # fmt: skip
+        for row in panel:
+            if row["method"] == "ar" and x != "speedup":
+                continue
+            if row["method"].startswith("static:"):
+                continue
+            xv, yv = _x_value(row, x), row.get("quality")
+            if not (_ok(xv) and _ok(yv)):
+                continue
+            label = row["method"] + (f" N={row['N']}" if multi_n and row.get("N") else "")
+            err = row.get("quality_stderr")
+            ax.errorbar([xv], [yv], yerr=[err] if _ok(err) else None, fmt="s", markersize=5, capsize=2)
+            ax.annotate(label, (xv, yv), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        metric = next((r.get("metric") for r in panel if r.get("metric")), "quality")
+        ax.set_title(f"{task}, T={temperature:g}")
+        ax.set_xlabel(_X_LABELS[x])
+        ax.set_ylabel(f"{metric} (×100)")
+        ax.grid(True, alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            unique = dict(zip(labels, handles, strict=True))
+            ax.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path

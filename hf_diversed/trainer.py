@@ -1,0 +1,646 @@
+"""Reinforcement-learning trainer for the DIVERSED ensemble head (REINFORCE++ with a PPO clipped surrogate)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .modeling_diversed_head import DiversedHead
+from .rollout import Rollout, collect_rollout
+
+__all__ = ["DiversedTrainer", "DiversedTrainerConfig", "diversed_policy_loss"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_FILE = "trainer_state.pt"
+_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "diversed_head.md"
+
+
+@dataclass
+class DiversedTrainerConfig:
+    """Configuration of :class:`DiversedTrainer` (every field is a command-line flag of ``training/train.py``)."""
+
+    task: str = field(default="gsm8k", metadata={"help": "Task (hf_diversed.tasks) giving prompts and the reward."})
+    target: str = field(
+        default="qwen2.5-coder-1.5b-instruct", metadata={"help": "Target model: built-in name, Hub id or path."}
+    )
+    draft: str = field(
+        default="qwen2.5-coder-0.5b-instruct", metadata={"help": "Draft model sharing the target's tokenizer."}
+    )
+    dtype: str = field(default="bfloat16", metadata={"help": "dtype of the frozen LMs: bfloat16 or float32."})
+    train_split: str = field(default="train", metadata={"help": "Split the training prompts come from."})
+    eval_split: str = field(default="test", metadata={"help": "Split the evaluation prompts come from."})
+    max_train_prompts: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
+    num_prompts: int = field(default=8, metadata={"help": "Prompts per optimisation step (global batch)."})
+    num_generations: int = field(default=1, metadata={"help": "Completions per prompt (>1: group-mean baseline)."})
+    max_new_tokens: int = field(default=128, metadata={"help": "New tokens per rollout."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts (> 0)."})
+    num_assistant_tokens: int = field(default=5, metadata={"help": "Draft length per round."})
+    learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    warmup_steps: int = field(default=10, metadata={"help": "Linear warm-up steps."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "transformers.get_scheduler name."})
+    max_steps: int = field(default=100, metadata={"help": "Optimisation steps (one rollout batch each)."})
+    ppo_epochs: int = field(default=4, metadata={"help": "Gradient epochs over each batch of stored features."})
+    clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip epsilon."})
+    kl_coef: float = field(default=0.0, metadata={"help": "Token KL to the initial head, subtracted from reward."})
+    acceptance_coef: float = field(default=0.0, metadata={"help": "lambda: weight of mean w*TV (acceptance)."})
+    max_grad_norm: float = field(default=5.0, metadata={"help": "Gradient clipping norm."})
+    seed: int = field(default=0, metadata={"help": "Seed of data order, rollouts and head init."})
+    output_dir: str = field(default="outputs/diversed-head", metadata={"help": "Checkpoints and final head."})
+    save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps (0: never)."})
+    eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps (0: only at the end)."})
+    num_eval_prompts: int = field(default=0, metadata={"help": "Eval prompts (0: no evaluation)."})
+    logging_steps: int = field(default=1, metadata={"help": "Log metrics every N steps."})
+    report_to: str = field(default="none", metadata={"help": "none or tensorboard."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Push the final head and its card to the Hub."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id for push_to_hub."})
+    init_weight: float = field(default=0.5, metadata={"help": "w of a fresh head (its static ensemble)."})
+    head_hidden_size: int = field(default=0, metadata={"help": "0: one linear layer; >0: hidden layer width."})
+    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "Checkpoint directory to resume."})
+
+    def __post_init__(self):
+        def positive(name: str, allow_zero: bool = False) -> None:
+            value = getattr(self, name)
+            ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+            if not ok:
+                bound = ">= 0" if allow_zero else "> 0"
+                raise ValueError(f"`{name}` must be an int {bound}, got {value!r}.")
+
+        for name in (
+            "num_prompts",
+            "num_generations",
+            "max_new_tokens",
+            "num_assistant_tokens",
+            "max_steps",
+            "ppo_epochs",
+            "logging_steps",
+        ):
+            positive(name)
+        for name in ("warmup_steps", "save_steps", "eval_steps", "num_eval_prompts", "head_hidden_size"):
+            positive(name, allow_zero=True)
+        if self.max_train_prompts is not None:
+            positive("max_train_prompts")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(
+                f"`temperature` must be > 0: the head is trained on-policy on sampled rollouts; got {self.temperature}."
+            )
+        if not self.learning_rate > 0:
+            raise ValueError(f"`learning_rate` must be > 0, got {self.learning_rate}.")
+        if not 0 < self.clip_eps < 1:
+            raise ValueError(f"`clip_eps` must be in (0, 1), got {self.clip_eps}.")
+        for name in ("kl_coef", "acceptance_coef", "weight_decay"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"`max_grad_norm` must be > 0, got {self.max_grad_norm}.")
+        if not 0.0 <= self.init_weight <= 1.0:
+            raise ValueError(f"`init_weight` must be in [0, 1], got {self.init_weight}.")
+        if self.report_to not in ("none", "tensorboard"):
+            raise ValueError(f"`report_to` must be 'none' or 'tensorboard', got {self.report_to!r}.")
+        if self.dtype not in ("bfloat16", "float32", "float16"):
+            raise ValueError(f"`dtype` must be bfloat16, float16 or float32, got {self.dtype!r}.")
+        if self.push_to_hub and not self.hub_model_id:
+            raise ValueError("`push_to_hub` needs `hub_model_id` (e.g. 'org/diversed-head-gsm8k').")
+
+
+def mixture_prob(w: torch.Tensor, p_y: torch.Tensor, q_y: torch.Tensor) -> torch.Tensor:
+    """nu(y) = w p(y) + (1 - w) q(y)."""
+    return w * p_y + (1.0 - w) * q_y
+
+
+def diversed_policy_loss(
+    w: torch.Tensor,
+    w_old: torch.Tensor,
+    p_y: torch.Tensor,
+    q_y: torch.Tensor,
+    tv: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_eps: float,
+    acceptance_coef: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate on the per-token ratio nu_theta / nu_theta_old, plus lambda * mean(w * TV).
+
+    All inputs are (T,) over the emitted drafted positions; ``advantages`` is the sequence advantage
+    broadcast to its tokens. Acceptance probability at a drafted position is 1 - w * TV(p, q), so
+    *minimising* ``acceptance_coef * mean(w * TV)`` lowers w where p and q differ, which raises acceptance.
+    """
+    eps = torch.finfo(torch.float32).tiny
+    nu = mixture_prob(w, p_y, q_y).clamp_min(eps)
+    nu_old = mixture_prob(w_old, p_y, q_y).clamp_min(eps)
+    ratio = nu / nu_old
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    n = max(w.numel(), 1)
+    policy_loss = -torch.minimum(unclipped, clipped).sum() / n
+    regularizer = (w * tv).sum() / n
+    loss = policy_loss + acceptance_coef * regularizer
+    clip_frac = ((ratio - 1.0).abs() > clip_eps).float().sum() / n
+    return loss, {
+        "policy_loss": float(policy_loss.detach()),
+        "wtv": float(regularizer.detach()),
+        "clip_frac": float(clip_frac),
+    }
+
+
+def _fingerprint(model: torch.nn.Module) -> list[tuple[str, float, float]]:
+    with torch.no_grad():
+        return [
+            (n, float(torch.sum(p, dtype=torch.float64)), float(torch.linalg.vector_norm(p, dtype=torch.float64)))
+            for n, p in model.named_parameters()
+        ]
+
+
+def _batched_head(head, h_draft: torch.Tensor, h_target: torch.Tensor) -> torch.Tensor:
+    return head(draft_hidden_states=h_draft.unsqueeze(0), target_hidden_states=h_target.unsqueeze(0)).weight[0]
+
+
+class DiversedTrainer:
+    """Trains a DIVERSED ensemble head by reinforcement learning on the decoding task.
+
+    Objective. At a drafted position t the head's weight w_theta,t defines the policy
+    ``nu_theta,t(y) = w_theta,t p_t(y) + (1 - w_theta,t) q_t(y)`` (p: target, q: draft, both frozen:
+    ``requires_grad`` is switched off, the models are never copied, and their parameters are asserted
+    unchanged at the end of training). Rollouts are DIVERSED speculative decoding with the current head,
+    which is on-policy: the law of an emitted token at a drafted position is exactly ``nu_theta,t``
+    (bonus tokens follow p whatever the head and carry no gradient). Each completion gets a sequence
+    reward r from ``reward_funcs`` (any TRL-signature functions ``f(prompts, completions, **columns)``,
+    summed) or the task's reward; ``kl_coef`` subtracts ``kl_coef * sum_t log(nu_old / nu_init)(y_t)``
+    (token KL to the initial head). REINFORCE++ advantages ``A = (r - b) / std(r - b)`` over the global
+    batch (gathered across processes), with ``b`` the batch mean, or the group mean of the prompt's
+    completions when ``num_generations > 1``. The head minimises, for ``ppo_epochs`` epochs over the
+    stored features,
+
+        - mean_t min(rho_t A, clip(rho_t, 1 - eps, 1 + eps) A),   rho_t = nu_theta,t(y_t) / nu_old,t(y_t)
+        + lambda * mean_t w_theta,t TV(p_t, q_t)
+
+    over the verified (emitted drafted) positions; the second term is the expected rejection rate
+    (acceptance = 1 - w TV), so lambda > 0 pushes w down where the models disagree and raises acceptance.
+
+    ``accelerate`` runs it on one or many processes: only the head and optimiser are prepared; each
+    process rolls out its shard of each step's prompts (``num_prompts`` must divide by the process count).
+    """
+
+    def __init__(
+        self,
+        config: DiversedTrainerConfig,
+        target,
+        draft,
+        *,
+        head: DiversedHead | None = None,
+        tokenizer=None,
+        train_dataset=None,
+        eval_dataset=None,
+        reward_funcs: Sequence[Callable[..., list[float]]] | None = None,
+        accelerator=None,
+    ):
+        from accelerate import Accelerator
+        from transformers import get_scheduler
+
+        from .tasks import get_task
+
+        self.config = config
+        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        for model in (target, draft):
+            model.requires_grad_(False)
+            model.eval()
+        self._frozen = (_fingerprint(target), _fingerprint(draft))
+        self.task = get_task(config.task) if config.task else None
+        if reward_funcs is not None:
+            reward_funcs = list(reward_funcs)
+            if not reward_funcs or not all(callable(f) for f in reward_funcs):
+                raise ValueError("`reward_funcs` must be a non-empty list of callables f(prompts, completions, **kw).")
+        elif self.task is None:
+            raise ValueError("Pass `reward_funcs` or set `config.task` (whose reward is used).")
+        self.reward_funcs = reward_funcs
+        self.train_dataset = train_dataset if train_dataset is not None else self._load(config.train_split)
+        if config.max_train_prompts is not None:
+            self.train_dataset = self.train_dataset.select(
+                range(min(config.max_train_prompts, len(self.train_dataset)))
+            )
+        self.eval_dataset = eval_dataset
+        if self.eval_dataset is None and config.num_eval_prompts > 0:
+            self.eval_dataset = self._load(config.eval_split)
+        if len(self.train_dataset) == 0:
+            raise ValueError("The training dataset is empty.")
+        world = self.accelerator.num_processes
+        if config.num_prompts % world:
+            raise ValueError(f"`num_prompts`={config.num_prompts} must be divisible by the process count {world}.")
+
+        torch.manual_seed(config.seed)
+        if head is None:
+            head = DiversedHead.for_models(
+                target,
+                draft,
+                init_weight=config.init_weight,
+                head_hidden_size=config.head_hidden_size,
+                task=config.task,
+            )
+        head.float().train()
+        self.ref_head = copy.deepcopy(head).requires_grad_(False).eval()
+        optimizer = torch.optim.AdamW(head.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.scheduler = get_scheduler(
+            config.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=config.warmup_steps,
+            num_training_steps=config.max_steps,
+        )
+        self.head, self.optimizer = self.accelerator.prepare(head, optimizer)
+        self.step = 0
+        self.data_position = 0
+        self.history: list[dict[str, float]] = []
+        self.eval_metrics: dict[str, Any] = {}
+        self._writer = None
+
+    # ----------------------------------------------------------------- data
+    def _load(self, split: str):
+        if self.task is None:
+            raise ValueError(f"No dataset given and no task to load the {split!r} split from.")
+        return self.task.load(split)
+
+    def _order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.config.seed * 1000003 + epoch)
+        return torch.randperm(len(self.train_dataset), generator=g).tolist()
+
+    def _step_rows(self, position: int) -> list[int]:
+        n = len(self.train_dataset)
+        indices = []
+        for i in range(position, position + self.config.num_prompts):
+            indices.append(self._order(i // n)[i % n])
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        per = self.config.num_prompts // world
+        return indices[rank * per : (rank + 1) * per]
+
+    def _prompt_ids(self, row: dict) -> torch.Tensor:
+        if "input_ids" in row:
+            return torch.as_tensor(row["input_ids"], dtype=torch.long).view(1, -1)
+        if self.tokenizer is None:
+            raise ValueError("Rows without `input_ids` need a `tokenizer` to apply the chat template.")
+        return self.tokenizer.apply_chat_template(
+            self.task.build_messages(row), add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+
+    def _prompt_text(self, row: dict) -> Any:
+        if self.task is not None and self.tokenizer is not None and "input_ids" not in row:
+            return self.task.build_messages(row)
+        return row.get("prompt", row.get("input_ids"))
+
+    # -------------------------------------------------------------- rewards
+    def _rewards(self, rows: list[dict], rollouts: list[Rollout]) -> torch.Tensor:
+        completion_ids = [r.completion_ids.tolist() for r in rollouts]
+        if self.tokenizer is not None:
+            completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        else:
+            completions = completion_ids
+        prompts = [self._prompt_text(row) for row in rows]
+        columns = {key: [row[key] for row in rows] for key in (rows[0].keys() if rows else ())}
+        columns.pop("input_ids", None)
+        columns.pop("prompt", None)
+        funcs = self.reward_funcs or [self.task.reward]
+        total = torch.zeros(len(rollouts), dtype=torch.float64)
+        for func in funcs:
+            name = getattr(func, "__name__", type(func).__name__)
+            try:
+                values = func(prompts, completions, completion_ids=completion_ids, **columns)
+            except TypeError:
+                values = func(prompts, completions, **columns)
+            values = list(values) if values is not None else None
+            if values is None or len(values) != len(rollouts):
+                got = "None" if values is None else f"{len(values)} values"
+                raise ValueError(f"Reward function {name!r} returned {got} for {len(rollouts)} completions.")
+            tensor = torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float64)
+            if not torch.isfinite(tensor).all():
+                bad = [i for i, v in enumerate(tensor.tolist()) if not math.isfinite(v)]
+                raise ValueError(f"Reward function {name!r} returned NaN/inf/None for completions {bad[:10]}.")
+            total += tensor
+        return total.float()
+
+    # ---------------------------------------------------------------- steps
+    def _rollouts(self, head, rows: list[dict], generations: int) -> list[Rollout]:
+        cfg = self.config
+        out = []
+        for row in rows:
+            ids = self._prompt_ids(row)
+            for _ in range(generations):
+                out.append(
+                    collect_rollout(
+                        self.target,
+                        self.draft,
+                        head,
+                        ids,
+                        max_new_tokens=cfg.max_new_tokens,
+                        temperature=cfg.temperature,
+                        num_assistant_tokens=cfg.num_assistant_tokens,
+                    )
+                )
+        return out
+
+    def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        from accelerate.utils import gather
+
+        cfg = self.config
+        grouped = rewards.view(-1, cfg.num_generations)
+        everything = gather(grouped.to(self.accelerator.device)).cpu()
+        if cfg.num_generations > 1:
+            centered_all = everything - everything.mean(1, keepdim=True)
+            centered = grouped - grouped.mean(1, keepdim=True)
+        else:
+            centered_all = everything - everything.mean()
+            centered = grouped - everything.mean()
+        std = centered_all.std() if centered_all.numel() > 1 else torch.tensor(0.0)
+        return (centered / (std + 1e-8)).view(-1), everything
+
+    def training_step(self) -> dict[str, float]:
+        cfg = self.config
+        head = self.accelerator.unwrap_model(self.head)
+        rows = [self.train_dataset[i] for i in self._step_rows(self.data_position)]
+        head.eval()
+        with torch.no_grad():
+            rollouts = self._rollouts(head, rows, cfg.num_generations)
+        head.train()
+        expanded_rows = [row for row in rows for _ in range(cfg.num_generations)]
+        task_rewards = self._rewards(expanded_rows, rollouts)
+
+        lengths = [r.num_tokens for r in rollouts]
+        h_d = torch.cat([r.h_draft for r in rollouts], 0)
+        h_t = torch.cat([r.h_target for r in rollouts], 0)
+        p_y = torch.cat([r.p_y for r in rollouts], 0)
+        q_y = torch.cat([r.q_y for r in rollouts], 0)
+        tv = torch.cat([r.tv for r in rollouts], 0)
+        w_old = torch.cat([r.w_old for r in rollouts], 0)
+        device = self.accelerator.device
+        h_d, h_t, p_y, q_y, tv, w_old = (x.to(device) for x in (h_d, h_t, p_y, q_y, tv, w_old))
+
+        with torch.no_grad():
+            w_ref = _batched_head(self.ref_head.to(device), h_d, h_t)
+            eps = torch.finfo(torch.float32).tiny
+            log_ratio = (
+                mixture_prob(w_old, p_y, q_y).clamp_min(eps).log() - mixture_prob(w_ref, p_y, q_y).clamp_min(eps).log()
+            )
+            kl_per_seq = torch.stack([s.sum() for s in log_ratio.cpu().split(lengths)]) if rollouts else torch.zeros(0)
+        rewards = task_rewards - cfg.kl_coef * kl_per_seq
+        advantages, all_rewards = self._advantages(rewards)
+        token_adv = torch.repeat_interleave(advantages, torch.tensor(lengths, dtype=torch.long)).to(device)
+
+        losses, parts = [], {}
+        for _ in range(cfg.ppo_epochs):
+            w = _batched_head(self.head, h_d, h_t)
+            loss, parts = diversed_policy_loss(
+                w, w_old, p_y, q_y, tv, token_adv, clip_eps=cfg.clip_eps, acceptance_coef=cfg.acceptance_coef
+            )
+            self.accelerator.backward(loss)
+            self.accelerator.clip_grad_norm_(self.head.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            losses.append(float(loss.detach()))
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.step += 1
+        self.data_position += cfg.num_prompts
+
+        from accelerate.utils import gather
+
+        stats = torch.tensor(
+            [
+                sum(r.stats.num_drafted for r in rollouts),
+                sum(r.stats.num_accepted for r in rollouts),
+                sum(r.stats.weight_sum for r in rollouts),
+                sum(r.stats.num_verified for r in rollouts),
+                sum(r.stats.tv_sum for r in rollouts),
+                float(task_rewards.sum()),
+                float(len(rollouts)),
+                float(kl_per_seq.sum()),
+            ],
+            dtype=torch.float64,
+        )
+        totals = gather(stats.view(1, -1).to(device)).cpu().sum(0)
+        n = max(totals[6].item(), 1.0)
+        return {
+            "reward": totals[5].item() / n,
+            "acceptance_rate": totals[1].item() / max(totals[0].item(), 1.0),
+            "mean_w": totals[2].item() / max(totals[3].item(), 1.0),
+            "mean_wtv": float((w_old * tv).mean()) if tv.numel() else 0.0,
+            "kl": totals[7].item() / n,
+            "loss": sum(losses) / len(losses),
+            "lr": lr,
+            "reward_std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
+            **{k: v for k, v in parts.items() if k != "wtv"},
+        }
+
+    # ----------------------------------------------------------- evaluation
+    def evaluate(self, head: DiversedHead | None = None) -> dict[str, float]:
+        """Reward, acceptance and mean w of ``head`` (default: the current head) on the eval prompts.
+
+        Randomness is forked and seeded with ``config.seed``, so training's random stream is untouched and
+        different heads are compared on the same draws.
+        """
+        cfg = self.config
+        if self.eval_dataset is None or cfg.num_eval_prompts == 0:
+            return {}
+        head = head if head is not None else self.accelerator.unwrap_model(self.head)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        n = min(cfg.num_eval_prompts, len(self.eval_dataset))
+        rows = [self.eval_dataset[i] for i in range(rank, n, world)]
+        was_training = head.training
+        head.eval()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(cfg.seed + 12345 + rank)
+            rollouts = self._rollouts(head, rows, 1)
+        head.train(was_training)
+        rewards = self._rewards(rows, rollouts) if rollouts else torch.zeros(0)
+        from accelerate.utils import gather
+
+        stats = torch.tensor(
+            [
+                float(rewards.sum()),
+                float(len(rollouts)),
+                sum(r.stats.num_drafted for r in rollouts),
+                sum(r.stats.num_accepted for r in rollouts),
+                sum(r.stats.weight_sum for r in rollouts),
+                sum(r.stats.num_verified for r in rollouts),
+                sum(r.stats.num_rounds for r in rollouts),
+            ],
+            dtype=torch.float64,
+        )
+        t = gather(stats.view(1, -1).to(self.accelerator.device)).cpu().sum(0).tolist()
+        return {
+            "reward": t[0] / max(t[1], 1.0),
+            "acceptance_rate": t[3] / max(t[2], 1.0),
+            "mean_w": t[4] / max(t[5], 1.0),
+            "tokens_per_round": (t[3] + t[6]) / max(t[6], 1.0),
+        }
+
+    # ----------------------------------------------------------- checkpoints
+    def save_checkpoint(self, directory: str | Path | None = None) -> Path:
+        directory = Path(directory or Path(self.config.output_dir) / f"checkpoint-{self.step}")
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.accelerator.unwrap_model(self.head).save_pretrained(directory)
+            torch.save(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "ref_head": self.ref_head.state_dict(),
+                    "step": self.step,
+                    "data_position": self.data_position,
+                    "history": self.history,
+                    "config": asdict(self.config),
+                },
+                directory / _STATE_FILE,
+            )
+        self.accelerator.wait_for_everyone()
+        torch.save(
+            {"python": random.getstate(), "torch": torch.get_rng_state()},
+            directory / f"rng_state_{self.accelerator.process_index}.pth",
+        )
+        self.accelerator.wait_for_everyone()
+        return directory
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not (directory / _STATE_FILE).is_file():
+            raise FileNotFoundError(f"{directory} is not a DIVERSED trainer checkpoint (no {_STATE_FILE}).")
+        state = torch.load(directory / _STATE_FILE, weights_only=False)
+        self.accelerator.unwrap_model(self.head).load_state_dict(load_file(str(directory / "model.safetensors")))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.ref_head.load_state_dict(state["ref_head"])
+        self.step, self.data_position = state["step"], state["data_position"]
+        self.history = list(state.get("history", []))
+        rng_file = directory / f"rng_state_{self.accelerator.process_index}.pth"
+        if rng_file.is_file():
+            rng = torch.load(rng_file, weights_only=False)
+            random.setstate(rng["python"])
+            torch.set_rng_state(rng["torch"])
+
+    # ------------------------------------------------------------------ train
+    def _log(self, metrics: dict[str, float], prefix: str = "train") -> None:
+        if not self.accelerator.is_main_process:
+            return
+        logger.info("step %d %s %s", self.step, prefix, {k: round(v, 5) for k, v in metrics.items()})
+        if self.config.report_to == "tensorboard":
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(log_dir=str(Path(self.config.output_dir) / "runs"))
+            for key, value in metrics.items():
+                self._writer.add_scalar(f"{prefix}/{key}", value, self.step)
+
+    def train(self, resume_from_checkpoint: str | Path | None = None) -> DiversedHead:
+        """Run ``max_steps`` steps (from a checkpoint when given); returns the trained (unwrapped) head."""
+        from tqdm.auto import tqdm
+
+        cfg = self.config
+        resume = resume_from_checkpoint or cfg.resume_from_checkpoint
+        if resume:
+            self.load_checkpoint(resume)
+        else:
+            torch.manual_seed(cfg.seed + self.accelerator.process_index)
+            random.seed(cfg.seed + self.accelerator.process_index)
+        bar = tqdm(
+            total=cfg.max_steps,
+            initial=self.step,
+            disable=not self.accelerator.is_local_main_process,
+            desc="diversed-head",
+        )
+        while self.step < cfg.max_steps:
+            metrics = self.training_step()
+            self.history.append({"step": self.step, **metrics})
+            if self.step % cfg.logging_steps == 0:
+                self._log(metrics)
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{metrics['reward']:.3f}", acc=f"{metrics['acceptance_rate']:.3f}", w=f"{metrics['mean_w']:.3f}"
+            )
+            if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < cfg.max_steps:
+                self._log(self.evaluate(), prefix="eval")
+            if cfg.save_steps and self.step % cfg.save_steps == 0:
+                self.save_checkpoint()
+        bar.close()
+        self._check_frozen()
+        head = self.accelerator.unwrap_model(self.head)
+        if cfg.num_eval_prompts:
+            self.eval_metrics = {"trained": self.evaluate(head), "untrained": self.evaluate(self.ref_head)}
+            self._log(self.eval_metrics["trained"], prefix="eval")
+        self.save_model()
+        if self._writer is not None:
+            self._writer.close()
+        return head
+
+    def _check_frozen(self) -> None:
+        if (_fingerprint(self.target), _fingerprint(self.draft)) != self._frozen:
+            raise RuntimeError("The frozen target/draft parameters changed during head training.")
+
+    # ------------------------------------------------------------ saving
+    def model_card(self) -> str:
+        cfg = self.config
+        head = self.accelerator.unwrap_model(self.head)
+        training = "\n".join(
+            [
+                "Trained with `hf_diversed.trainer.DiversedTrainer` (REINFORCE++ advantages, PPO-clipped ratio of "
+                "the head's mixture policy, frozen target and draft). Configuration:",
+                "",
+                "| key | value |",
+                "|---|---|",
+            ]
+            + [f"| {k} | {v} |" for k, v in asdict(cfg).items() if k not in ("hub_model_id", "resume_from_checkpoint")]
+        )
+        if self.eval_metrics:
+            keys = list(self.eval_metrics["trained"])
+            lines = [
+                f"{min(cfg.num_eval_prompts, len(self.eval_dataset))} prompts of the `{cfg.eval_split}` "
+                f"split, temperature {cfg.temperature}, {cfg.max_new_tokens} new tokens.",
+                "",
+                "| head | " + " | ".join(keys) + " |",
+                "|---|" + "---|" * len(keys),
+            ]
+            for name in ("untrained", "trained"):
+                m = self.eval_metrics[name]
+                label = f"untrained (static w={cfg.init_weight})" if name == "untrained" else "trained"
+                lines.append(f"| {label} | " + " | ".join(f"{m[k]:.4f}" for k in keys) + " |")
+            evaluation = "\n".join(lines)
+        else:
+            evaluation = "Not evaluated (num_eval_prompts=0)."
+        values = dict(
+            target_model=cfg.target or head.config.target_model,
+            draft_model=cfg.draft or head.config.draft_model,
+            vocab_size=head.config.vocab_size,
+            task=cfg.task,
+            repo_id=cfg.hub_model_id or cfg.output_dir,
+            training=training,
+            evaluation=evaluation,
+        )
+        if _CARD_TEMPLATE.is_file():
+            return _CARD_TEMPLATE.read_text().format(**values)
+        return f"# DIVERSED ensemble head: {cfg.task}\n\n## Training\n\n{training}\n\n## Evaluation\n\n{evaluation}\n"
+
+    def save_model(self, output_dir: str | Path | None = None) -> Path:
+        output_dir = Path(output_dir or self.config.output_dir)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            head = self.accelerator.unwrap_model(self.head)
+            head.config.task = self.config.task
+            output_dir.mkdir(parents=True, exist_ok=True)
+            head.save_pretrained(output_dir)
+            card = self.model_card()
+            (output_dir / "README.md").write_text(card)
+            if self.config.push_to_hub:
+                from huggingface_hub import upload_file
+
+                head.push_to_hub(self.config.hub_model_id)
+                upload_file(path_or_fileobj=card.encode(), path_in_repo="README.md", repo_id=self.config.hub_model_id)
+        self.accelerator.wait_for_everyone()
+        return output_dir

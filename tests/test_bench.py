@@ -1,0 +1,273 @@
+"""``hf-diversed bench`` end to end on tiny random models saved to disk, then kill-and-resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from hf_diversed import DiversedHead, bench
+from hf_diversed.tasks import default_data_dir
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+METHODS = ["ar", "exact", "lossy:0.5", "cascade-opt:0.2", "diversed", "static:0.3", "static:0.7"]
+
+
+def _tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE tokenizer (any text encodes) trained in memory, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _model(tokenizer, seed: int, noise: float = 0.0) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    if noise:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(noise * param.std() * torch.randn_like(param) if param.numel() > 1 else 0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """Tiny target/draft/head on disk and a 3-row slice of GSM8K and MBPP test."""
+    try:
+        source = default_data_dir()
+    except FileNotFoundError:
+        pytest.skip("no data folder (set HF_DIVERSED_DATA_DIR)")
+    root = tmp_path_factory.mktemp("bench")
+    data = root / "data"
+    texts = []
+    for task in ("gsm8k", "mbpp"):
+        src = source / task / "test.jsonl"
+        if not src.is_file():
+            pytest.skip(f"{src} missing")
+        lines = src.read_text(encoding="utf-8").splitlines()
+        (data / task).mkdir(parents=True)
+        (data / task / "test.jsonl").write_text("\n".join(lines[:3]) + "\n", encoding="utf-8")
+        texts += [json.dumps(json.loads(line)) for line in lines[:20]]
+    tokenizer = _tokenizer(texts)
+    target, draft = _model(tokenizer, 0), _model(tokenizer, 1, noise=0.05)
+    paths = {"target": root / "target", "draft": root / "draft", "head": root / "head", "data": data}
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(paths[name])
+        tokenizer.save_pretrained(paths[name])
+    head = DiversedHead.for_models(target, draft, head_hidden_size=8)
+    torch.nn.init.normal_(head.out.weight, std=0.5)
+    head.save_pretrained(paths["head"])
+    paths["draft_model"] = draft
+    return paths
+
+
+def _argv(setup, out: Path, *extra: str, examples: int = 2) -> list[str]:
+    return [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k,mbpp", "--methods", "ar,exact,lossy:0.5,cascade-opt:0.2,diversed",
+        "--static-sweep", "0.3,0.7", "--head", str(setup["head"]), "--num-examples", str(examples),
+        "--max-new-tokens", "8", "--temperature", "1", "--dtype", "float32", "--threads", "1",
+        "--output-dir", str(out), "-q", *extra,
+    ]  # fmt: skip
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert bench.main(_argv(setup, out)) == 0
+
+    results = out / bench.RESULTS_FILE
+    records = _lines(results)
+    assert len(records) == 2 * 2 * len(METHODS)  # tasks x examples x methods
+    assert {r["method"] for r in records} == set(METHODS)
+    assert len({bench.record_key(r) for r in records}) == len(records)
+    for r in records:
+        assert r["task"] in ("gsm8k", "mbpp") and r["example_index"] in (0, 1)
+        assert 0 < r["new_tokens"] <= 8 and r["seconds"] > 0 and r["tokens_per_s"] > 0
+        assert r["sample_seed"] == r["example_index"]
+        assert r["quality"] in (0.0, 1.0) and isinstance(r["completion"], str)
+        if r["method"] == "ar":
+            assert r["N"] is None and r["draft"] is None and r["drafted"] is None
+        else:
+            assert r["N"] == 5 and r["drafted"] > 0 and 0 <= r["acceptance_rate"] <= 1
+            assert r["mean_accepted_per_round"] >= 1
+        assert (r["head"] is not None) == (r["method"] == "diversed")
+
+    summary = json.loads((out / bench.SUMMARY_FILE).read_text())
+    rows = summary["rows"]
+    assert len(rows) == 2 * len(METHODS)
+    assert {(r["task"], r["method"]) for r in rows} == {(t, m) for t in ("gsm8k", "mbpp") for m in METHODS}
+    for row in rows:
+        assert row["n"] == 2 and row["n_ar"] == 2 and row["tokens_per_s"] > 0 and row["speedup"] > 0
+        assert row["quality"] is not None and 0 <= row["quality"] <= 100
+        if row["method"] == "ar":
+            assert row["speedup"] == pytest.approx(1.0) and row["acceptance_rate"] is None
+        else:
+            assert 0 <= row["acceptance_rate"] <= 1 and row["mean_accepted_per_round"] >= 1
+            assert row["analytic_speedup_v1"] is not None and row["c"] > 0
+    exact = next(r for r in rows if r["method"] == "exact")
+    alpha, c, v = exact["acceptance_rate"], exact["c"], exact["v"]
+    assert exact["mean_weight"] == pytest.approx(1.0)
+    assert exact["analytic_speedup_v1"] == pytest.approx(bench.analytic_speedup(alpha, 5, c, 1.0))
+    assert v is None or exact["analytic_speedup"] == pytest.approx(bench.analytic_speedup(alpha, 5, c, v))
+    assert summary["command"].startswith("hf-diversed bench --target")
+
+    markdown = (out / bench.MARKDOWN_FILE).read_text()
+    assert summary["command"] in markdown.splitlines()[3]
+    table = [line for line in markdown.splitlines() if line.startswith("| gsm8k") or line.startswith("| mbpp")]
+    assert len(table) == 2 * len(METHODS)
+    assert any("static:0.3" in line for line in table) and any("diversed" in line for line in table)
+    for name in (bench.PLOT_FILE, bench.PLOT_ACCEPTANCE_FILE):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # rerun: everything is done, so no model is even loaded and nothing is appended
+    def no_models(*args, **kwargs):
+        raise AssertionError("a finished run must not load models again")
+
+    with monkeypatch.context() as m:
+        m.setattr(bench, "_load_models", no_models)
+        assert bench.main(_argv(setup, out)) == 0
+        assert bench.main(_argv(setup, out, "--summarize-only")) == 0
+    assert _lines(results) == records
+
+    # a run killed mid-write: the last 3 records are lost and the 4th from last is half-written
+    raw = results.read_text(encoding="utf-8").splitlines(keepends=True)
+    results.write_text("".join(raw[:-4]) + raw[-4][:25], encoding="utf-8")
+    assert bench.main(_argv(setup, out)) == 0
+    resumed = bench.load_records(results)
+    assert len(resumed) == len(records)
+    assert {bench.record_key(r) for r in resumed} == {bench.record_key(r) for r in records}
+    assert [r["completion"] for r in resumed[:-4]] == [r["completion"] for r in records[:-4]]
+
+    # one more example: only that example's records are added (ar included: --ar-examples defaults to 3)
+    assert bench.main(_argv(setup, out, examples=3)) == 0
+    grown = bench.load_records(results)
+    added = grown[len(resumed) :]
+    assert len(added) == 2 * len(METHODS)
+    assert {r["example_index"] for r in added} == {2}
+    summary = json.loads((out / bench.SUMMARY_FILE).read_text())
+    assert all(row["n"] == 3 for row in summary["rows"])
+    assert (out / "costs.json").is_file() and summary["costs"]
+
+    # the importable API: summarize an existing output directory
+    summary = bench.run_bench(bench.BenchConfig(output_dir=str(out), summarize_only=True, progress=False))
+    assert summary["num_records"] == len(grown) and summary["command"].startswith("run_bench(BenchConfig(")
+
+
+def test_ar_examples_and_lora_draft(setup, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    adapter = tmp_path / "lora"
+    draft = LlamaForCausalLM.from_pretrained(setup["draft"])
+    peft_model = get_peft_model(draft, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.save_pretrained(adapter)
+
+    out = tmp_path / "out"
+    argv = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--lora-draft", str(adapter), "--num-examples", "2", "--ar-examples", "1",
+        "--max-new-tokens", "6", "--temperature", "0", "--num-assistant-tokens", "3", "--dtype", "float32",
+        "--output-dir", str(out), "--no-costs", "--no-warmup", "-q",
+    ]  # fmt: skip
+    assert bench.main(argv) == 0
+    records = _lines(out / bench.RESULTS_FILE)
+    assert sorted((r["method"], r["example_index"]) for r in records) == [
+        ("ar", 0), ("exact", 0), ("exact", 1), ("exact+lora-draft", 0), ("exact+lora-draft", 1),
+    ]  # fmt: skip
+    lora = [r for r in records if r["method"] == "exact+lora-draft"]
+    assert all(r["lora_draft"] == str(adapter.resolve()) and r["N"] == 3 for r in lora)
+    exact = {r["example_index"]: r for r in records if r["method"] == "exact"}
+    ar = next(r for r in records if r["method"] == "ar")
+    assert exact[0]["completion"] == ar["completion"]  # greedy exact SD reproduces the target
+    rows = json.loads((out / bench.SUMMARY_FILE).read_text())["rows"]
+    exact_row = next(r for r in rows if r["method"] == "exact")
+    assert exact_row["n"] == 2 and exact_row["n_ar"] == 1 and exact_row["speedup_matched"] is not None
+    assert exact_row["analytic_speedup_v1"] is None  # --no-costs
+    assert "ar n=1" in (out / bench.MARKDOWN_FILE).read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, fix",
+    [
+        (["--tasks", "gsm9k"], "--tasks"),
+        (["--methods", "ar,fast"], "Valid methods"),
+        (["--methods", "diversed"], "--head"),
+        (["--methods", "exact+lora-draft"], "--lora-draft"),
+        (["--num-assistant-tokens", "0"], ">= 1"),
+        (["--temperature", "-1"], ">= 0"),
+        (["--static-sweep", "0.1,x"], "--static-sweep"),
+        (["--cascade-sweep", "fast:0.1"], "VARIANT:A"),
+        (["--split", "validation", "--tasks", "gsm8k"], "--split"),
+        (["--ar-examples", "9", "--num-examples", "2"], "--ar-examples"),
+        (["--data-dir", "/nonexistent/data"], "--data-dir"),
+        (["--summarize-only"], "without --summarize-only"),
+    ],
+)
+def test_user_errors_name_the_fix(tmp_path, capsys, extra, fix):
+    argv = ["--output-dir", str(tmp_path / "empty"), "-q", *extra]
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and fix in err
+
+
+def test_missing_model_names_the_fix(setup, tmp_path, capsys):
+    argv = [
+        "--target", str(tmp_path / "no-such-model"), "--draft", str(setup["draft"]), "--tasks", "gsm8k",
+        "--data-dir", str(setup["data"]), "--num-examples", "1", "--output-dir", str(tmp_path / "o"), "-q",
+    ]  # fmt: skip
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--target" in err and "local directory" in err
+
+
+def test_missing_data_names_the_fix(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    argv = ["--tasks", "gsm8k", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "o"), "-q"]
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "gsm8k/test.jsonl" in err and "--data-dir" in err
+
+
+def test_analytic_speedup():
+    assert bench.analytic_speedup(0.0, 5, 0.2, 1.0) == pytest.approx(1 / 2.0)
+    assert bench.analytic_speedup(1.0, 5, 0.2, 1.0) == pytest.approx(6 / 2.0)
+    alpha, gamma, c, v = 0.8, 4, 0.1, 1.2
+    expected = (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + v))
+    assert bench.analytic_speedup(alpha, gamma, c, v) == pytest.approx(expected)
+    assert bench.analytic_speedup(None, 5, 0.2) is None and bench.analytic_speedup(math.nan, 5, 0.2) is None
+
+
+def test_expand_methods():
+    assert bench.expand_methods("exact,static:0.50", static_sweep="0.5,0.9", cascade_sweep="opt:0.1") == (
+        "ar", "exact", "static:0.5", "static:0.9", "cascade-opt:0.1",
+    )  # fmt: skip
+    assert bench.expand_methods(None, head="h") == ("ar", "exact", "diversed")

@@ -1,0 +1,244 @@
+"""DiversedTrainer on tiny random models: learning signal, regulariser sign, frozen LMs, resume, CLI."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from conftest import build_tiny, prompts
+from safetensors.torch import load_file
+
+from hf_diversed.modeling_diversed_head import DiversedHead
+from hf_diversed.rollout import collect_rollout
+from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Target and a clearly different draft (different width and weights), so TV(p, q) is large."""
+    return build_tiny("llama", hidden=64, layers=2, seed=0), build_tiny("llama", hidden=32, layers=1, seed=3)
+
+
+def _dataset(n: int = 8, seed: int = 0) -> datasets.Dataset:
+    return datasets.Dataset.from_list([{"input_ids": ids[0].tolist()} for ids in prompts(n, seed=seed)])
+
+
+def _config(tmp_path, **overrides) -> DiversedTrainerConfig:
+    values = dict(
+        task="gsm8k",
+        num_prompts=4,
+        max_new_tokens=12,
+        num_assistant_tokens=4,
+        learning_rate=2e-2,
+        warmup_steps=0,
+        lr_scheduler_type="constant",
+        max_steps=4,
+        ppo_epochs=4,
+        output_dir=str(tmp_path / "out"),
+        seed=0,
+    )
+    values.update(overrides)
+    return DiversedTrainerConfig(**values)
+
+
+def _constant_reward(prompts, completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def _trust_draft_reward(target, draft):
+    """Mean log q(y) - log p(y) over the completion: higher when tokens come from the draft's law."""
+
+    def reward(prompts, completions, **kwargs):
+        out = []
+        for prompt, completion in zip(prompts, completions, strict=True):
+            if not completion:
+                out.append(0.0)
+                continue
+            ids = torch.tensor([list(prompt) + list(completion)])
+            with torch.no_grad():
+                lp = target(ids).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+                lq = draft(ids).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+            y = torch.tensor(completion).view(-1, 1)
+            out.append(float((lq.gather(-1, y) - lp.gather(-1, y)).mean()))
+        return out
+
+    return reward
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _same(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_regularizer_sign_pushes_w_down():
+    w = torch.full((6,), 0.5, requires_grad=True)
+    tv = torch.rand(6) * 0.5 + 0.1
+    p_y, q_y = torch.rand(6), torch.rand(6)
+    loss, _ = diversed_policy_loss(w, w.detach(), p_y, q_y, tv, torch.zeros(6), clip_eps=0.2, acceptance_coef=1.0)
+    loss.backward()
+    assert (w.grad > 0).all()  # gradient descent lowers w -> acceptance 1 - w * TV rises
+    w2 = (w - 0.1 * w.grad).detach()
+    assert ((1 - w2 * tv) > (1 - w.detach() * tv)).all()
+
+
+def test_rollout_trace_matches_head(pair):
+    target, draft = pair
+    head = DiversedHead.for_models(target, draft)
+    torch.manual_seed(0)
+    r = collect_rollout(target, draft, head, prompts(1)[0], max_new_tokens=16, temperature=1.0, num_assistant_tokens=4)
+    assert r.h_draft.shape == (r.num_tokens, 32) and r.h_target.shape == (r.num_tokens, 64)
+    # drafted positions only: never more than the verified ones, never the bonus tokens
+    assert 0 < r.num_tokens <= min(r.stats.num_verified, r.completion_ids.numel())
+    w = head(r.h_draft[None], r.h_target[None]).weight[0]
+    torch.testing.assert_close(w, r.w_old)
+    assert ((r.p_y > 0) & (r.q_y > 0) & (r.tv >= 0) & (r.tv <= 1)).all()
+
+
+def test_reward_trusting_draft_lowers_w(pair, tmp_path):
+    target, draft = pair
+    before_t, before_d = _params(target), _params(draft)
+    config = _config(tmp_path, max_steps=25, num_eval_prompts=6)
+    trainer = DiversedTrainer(
+        config,
+        target,
+        draft,
+        train_dataset=_dataset(),
+        eval_dataset=_dataset(6, seed=1),
+        reward_funcs=[_trust_draft_reward(target, draft)],
+    )
+    head0 = _params(trainer.ref_head)
+    head = trainer.train()
+    assert not _same(_params(head), head0)
+    assert _same(_params(target), before_t) and _same(_params(draft), before_d)
+    assert all(not p.requires_grad for p in target.parameters())
+    trained, untrained = trainer.eval_metrics["trained"], trainer.eval_metrics["untrained"]
+    assert trained["mean_w"] < untrained["mean_w"] - 0.1
+    assert trained["acceptance_rate"] > untrained["acceptance_rate"]
+    assert trained["reward"] > untrained["reward"]
+    assert (Path(config.output_dir) / "model.safetensors").is_file()
+    card = (Path(config.output_dir) / "README.md").read_text()
+    assert "## Training" in card and "| learning_rate |" in card and "untrained" in card and "{" not in card
+
+
+def test_acceptance_regularizer_alone_raises_acceptance(pair, tmp_path):
+    target, draft = pair
+    config = _config(tmp_path, max_steps=15, acceptance_coef=1.0, num_eval_prompts=6, report_to="tensorboard")
+    trainer = DiversedTrainer(
+        config,
+        target,
+        draft,
+        train_dataset=_dataset(),
+        eval_dataset=_dataset(6, seed=1),
+        reward_funcs=[_constant_reward],
+    )
+    trainer.train()
+    first, last = trainer.history[0], trainer.history[-1]
+    assert last["mean_w"] < first["mean_w"]
+    trained, untrained = trainer.eval_metrics["trained"], trainer.eval_metrics["untrained"]
+    assert trained["mean_w"] < untrained["mean_w"]
+    assert trained["acceptance_rate"] > untrained["acceptance_rate"]
+    assert list((Path(config.output_dir) / "runs").glob("events.out.tfevents.*"))
+
+
+def test_resume_is_exact(pair, tmp_path):
+    target, draft = pair
+
+    def make(out, **kw):
+        config = _config(tmp_path / out, max_steps=4, save_steps=2, acceptance_coef=0.5, num_generations=2, **kw)
+        return DiversedTrainer(
+            config, target, draft, train_dataset=_dataset(5), reward_funcs=[_trust_draft_reward(target, draft)]
+        )
+
+    full = make("a").train()
+    checkpoint = tmp_path / "a" / "out" / "checkpoint-2"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "trainer_state.pt").is_file()
+    resumed_trainer = make("b")
+    resumed = resumed_trainer.train(resume_from_checkpoint=checkpoint)
+    assert resumed_trainer.step == 4
+    assert _same(_params(full), _params(resumed))
+    assert _same(load_file(str(tmp_path / "a" / "out" / "model.safetensors")), _params(resumed))
+
+
+def test_reward_validation(pair, tmp_path):
+    target, draft = pair
+    config = _config(tmp_path, max_steps=1)
+    bad_len = DiversedTrainer(config, target, draft, train_dataset=_dataset(), reward_funcs=[lambda p, c, **k: [1.0]])
+    with pytest.raises(ValueError, match="returned 1 values for 4 completions"):
+        bad_len.train()
+    nan = DiversedTrainer(
+        config, target, draft, train_dataset=_dataset(), reward_funcs=[lambda p, c, **k: [float("nan")] * len(c)]
+    )
+    with pytest.raises(ValueError, match="NaN"):
+        nan.train()
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="temperature"):
+        DiversedTrainerConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="report_to"):
+        DiversedTrainerConfig(report_to="wandb")
+    with pytest.raises(ValueError, match="hub_model_id"):
+        DiversedTrainerConfig(push_to_hub=True)
+
+
+@pytest.mark.parametrize("recipe", ["gsm8k", "code", "summarization"])
+def test_cli_parses_recipe_with_overrides(recipe, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import train
+
+    path = ROOT / "training" / "recipes" / f"{recipe}.yaml"
+    config = train.parse_config(["--config", str(path), "--max_steps", "2", "--learning_rate", "1e-3"])
+    assert isinstance(config, DiversedTrainerConfig)
+    assert config.max_steps == 2 and config.learning_rate == 1e-3
+    assert config.task == {"gsm8k": "gsm8k", "code": "mbpp", "summarization": "cnndm"}[recipe]
+    assert (config.warmup_steps, config.lr_scheduler_type, config.num_prompts) == (10, "cosine", 8)
+    assert (config.max_new_tokens, config.max_grad_norm) == (128, 5.0)
+    assert "train" in sys.modules
+
+
+_DISTRIBUTED_SCRIPT = """
+import sys
+import datasets, torch
+sys.path.insert(0, {tests!r})
+from conftest import build_tiny, prompts
+from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
+
+torch.set_num_threads(1)
+target, draft = build_tiny("llama", 64, 2, 0), build_tiny("llama", 32, 1, 3)
+data = datasets.Dataset.from_list([{{"input_ids": ids[0].tolist()}} for ids in prompts(8)])
+config = DiversedTrainerConfig(task="gsm8k", num_prompts=4, max_new_tokens=8, num_assistant_tokens=4,
+    learning_rate=2e-2, warmup_steps=0, max_steps=2, acceptance_coef=1.0, output_dir={out!r})
+trainer = DiversedTrainer(config, target, draft, train_dataset=data,
+                          reward_funcs=[lambda p, c, **k: [float(len(x)) for x in c]])
+head = trainer.train()
+assert trainer.accelerator.num_processes == 2
+torch.save(head.state_dict(), {out!r} + f"/rank{{trainer.accelerator.process_index}}.pt")
+"""
+
+
+def test_two_processes_keep_heads_identical(tmp_path):
+    import subprocess
+
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "run.py"
+    script.write_text(_DISTRIBUTED_SCRIPT.format(tests=str(ROOT / "tests"), out=str(out)))
+    # `accelerate launch --cpu` always starts one process; torchrun starts two CPU (gloo) ranks that
+    # accelerate's Accelerator picks up from the environment.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
+    assert _same(rank0, rank1)
+    assert (out / "model.safetensors").is_file()
