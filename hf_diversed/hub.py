@@ -48,6 +48,31 @@ def load_head(name_or_path: str | os.PathLike, *, revision: str | None = None, c
     return head
 
 
+HEAD_FILES = ("config.json", "model.safetensors", "README.md")
+
+
+def push_head_folder(folder: str | os.PathLike, repo_id: str, *, private: bool | None = None, token=None) -> str:
+    """Upload a saved head (config.json, model.safetensors, README.md model card) to the Hub in one commit.
+
+    Returns the commit URL. Checkpoints, logs and optimizer states in ``folder`` are not uploaded.
+    """
+    from huggingface_hub import HfApi
+
+    folder = Path(folder)
+    missing = [name for name in HEAD_FILES[:2] if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: save the head there first (head.save_pretrained).")
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    info = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        allow_patterns=list(HEAD_FILES),
+        commit_message="Upload DIVERSED head",
+    )
+    return str(info)
+
+
 def seed_hf_cache(repo_id: str, folder: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """Place the files of ``folder`` in the local Hugging Face cache as revision ``main`` of model ``repo_id``.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import random
@@ -531,6 +532,10 @@ class DiversedTrainer:
         if not self.accelerator.is_main_process:
             return
         logger.info("step %d %s %s", self.step, prefix, {k: round(v, 5) for k, v in metrics.items()})
+        log_path = Path(self.config.output_dir) / "log_history.jsonl"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a") as f:
+            f.write(json.dumps({"step": self.step, "split": prefix, **metrics}) + "\n")
         if self.config.report_to == "tensorboard":
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
@@ -638,9 +643,8 @@ class DiversedTrainer:
             card = self.model_card()
             (output_dir / "README.md").write_text(card)
             if self.config.push_to_hub:
-                from huggingface_hub import upload_file
+                from .hub import push_head_folder
 
-                head.push_to_hub(self.config.hub_model_id)
-                upload_file(path_or_fileobj=card.encode(), path_in_repo="README.md", repo_id=self.config.hub_model_id)
+                push_head_folder(output_dir, self.config.hub_model_id)
         self.accelerator.wait_for_everyone()
         return output_dir

@@ -9,6 +9,7 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -79,3 +80,46 @@ def small_draft_pair():
 def prompts(n: int, length: int = 6, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, VOCAB, (1, length + i), generator=g) for i in range(n)]
+
+
+# A real tokenizer with a chat template, for tests of the task pipelines (bench, distillation).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chat_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE tokenizer (any text encodes) trained in memory, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def chat_model(tokenizer, seed: int, noise: float = 0.0) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    if noise:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(noise * param.std() * torch.randn_like(param) if param.numel() > 1 else 0)
+    return model

@@ -8,52 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from conftest import chat_model, chat_tokenizer
+from transformers import LlamaForCausalLM
 
 from hf_diversed import DiversedHead, bench
 from hf_diversed.tasks import default_data_dir
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 METHODS = ["ar", "exact", "lossy:0.5", "cascade-opt:0.2", "diversed", "static:0.3", "static:0.7"]
-
-
-def _tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
-    """A small byte-level BPE tokenizer (any text encodes) trained in memory, with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=500,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def _model(tokenizer, seed: int, noise: float = 0.0) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        initializer_range=0.2,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
-    if noise:
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            for param in model.parameters():
-                param.add_(noise * param.std() * torch.randn_like(param) if param.numel() > 1 else 0)
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +35,8 @@ def setup(tmp_path_factory):
         (data / task).mkdir(parents=True)
         (data / task / "test.jsonl").write_text("\n".join(lines[:3]) + "\n", encoding="utf-8")
         texts += [json.dumps(json.loads(line)) for line in lines[:20]]
-    tokenizer = _tokenizer(texts)
-    target, draft = _model(tokenizer, 0), _model(tokenizer, 1, noise=0.05)
+    tokenizer = chat_tokenizer(texts)
+    target, draft = chat_model(tokenizer, 0), chat_model(tokenizer, 1, noise=0.05)
     paths = {"target": root / "target", "draft": root / "draft", "head": root / "head", "data": data}
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(paths[name])

@@ -165,3 +165,30 @@ def test_public_api_is_small_and_sorted():
     assert hf_diversed.__all__ == sorted(hf_diversed.__all__)
     for name in hf_diversed.__all__:
         assert getattr(hf_diversed, name) is not None
+
+
+def test_push_head_folder_uploads_head_and_card_only(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from hf_diversed.hub import push_head_folder
+
+    calls = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        calls["repo"] = repo_id
+
+    def upload_folder(self, *, repo_id, folder_path, allow_patterns, **kwargs):
+        calls["files"] = sorted(
+            p.name for p in Path(folder_path).iterdir() if any(p.match(pattern) for pattern in allow_patterns)
+        )
+        return "https://hub/commit/1"
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    _trained_head().save_pretrained(tmp_path)
+    (tmp_path / "README.md").write_text("# card")
+    (tmp_path / "trainer_state.pt").write_bytes(b"x")
+    assert push_head_folder(tmp_path, "org/head") == "https://hub/commit/1"
+    assert calls == {"repo": "org/head", "files": ["README.md", "config.json", "model.safetensors"]}
+    with pytest.raises(FileNotFoundError, match="save the head there first"):
+        push_head_folder(tmp_path / "empty", "org/head")

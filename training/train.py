@@ -2,10 +2,16 @@
 
 Every :class:`hf_diversed.trainer.DiversedTrainerConfig` field is a flag (``--max_steps 2``); command-line
 flags override the YAML recipe. Multi-process: ``accelerate launch --num_processes 2 training/train.py ...``.
+
+``--mode distill_draft`` instead fine-tunes a LoRA adapter on the draft by distillation toward the target (the
+"SD with a fine-tuned draft" baseline, :mod:`hf_diversed.distill`); its flags are the fields of
+:class:`hf_diversed.distill.DraftDistillConfig`:
+``python training/train.py --mode distill_draft --config training/recipes/distill_gsm8k.yaml``.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -15,10 +21,30 @@ from trl import TrlParser
 
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
 
+MODES = ("head", "distill_draft")
 
-def parse_config(argv: Sequence[str] | None = None) -> DiversedTrainerConfig:
-    """The config from ``--config recipe.yaml`` plus command-line overrides."""
-    (config,) = TrlParser((DiversedTrainerConfig,)).parse_args_and_config(list(argv) if argv is not None else None)
+
+def split_mode(argv: Sequence[str] | None = None) -> tuple[str, list[str]]:
+    """``--mode`` (default ``head``) and the remaining arguments."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--mode", choices=MODES, default="head")
+    args, rest = parser.parse_known_args(list(argv) if argv is not None else sys.argv[1:])
+    return args.mode, rest
+
+
+def parse_config(argv: Sequence[str] | None = None):
+    """The config from ``--config recipe.yaml`` plus command-line overrides.
+
+    A :class:`DiversedTrainerConfig` for ``--mode head`` (the default), a
+    :class:`hf_diversed.distill.DraftDistillConfig` for ``--mode distill_draft``.
+    """
+    mode, rest = split_mode(argv)
+    if mode == "distill_draft":
+        from hf_diversed.distill import DraftDistillConfig
+
+        (config,) = TrlParser((DraftDistillConfig,)).parse_args_and_config(rest)
+        return config
+    (config,) = TrlParser((DiversedTrainerConfig,)).parse_args_and_config(rest)
     return config
 
 
@@ -26,6 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hf_diversed.demo import load_pair
 
     config = parse_config(argv)
+    if not isinstance(config, DiversedTrainerConfig):
+        from accelerate import PartialState
+
+        from hf_diversed.distill import distill_draft
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        output_dir = distill_draft(config)
+        if PartialState().is_main_process:
+            print(f"saved the draft's LoRA adapter to {output_dir}")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype))
     trainer = DiversedTrainer(config, target, draft, tokenizer=tokenizer)
