@@ -233,10 +233,11 @@ def test_two_processes_keep_heads_identical(tmp_path):
     out.mkdir()
     script = tmp_path / "run.py"
     script.write_text(_DISTRIBUTED_SCRIPT.format(tests=str(ROOT / "tests"), out=str(out)))
-    # `accelerate launch --cpu` always starts one process; torchrun starts two CPU (gloo) ranks that
-    # accelerate's Accelerator picks up from the environment.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    # `accelerate launch --cpu` starts a single process; `--multi_gpu` starts two ranks, and the trainer's
+    # Accelerator(cpu=True) turns them into a gloo MULTI_CPU group on a machine without GPUs.
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2"]
+    cmd.append(str(script))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")

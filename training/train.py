@@ -1,7 +1,8 @@
 """Train a DIVERSED ensemble head by RL: ``python training/train.py --config training/recipes/gsm8k.yaml``.
 
 Every :class:`hf_diversed.trainer.DiversedTrainerConfig` field is a flag (``--max_steps 2``); command-line
-flags override the YAML recipe. Multi-process: ``accelerate launch --num_processes 2 training/train.py ...``.
+flags override the YAML recipe. Multi-process: ``accelerate launch --multi_gpu --num_processes 2 training/train.py``
+(CPU-only machines too: ``--multi_gpu`` starts the ranks and the trainer joins them in a gloo group).
 
 ``--mode distill_draft`` instead fine-tunes a LoRA adapter on the draft by distillation toward the target (the
 "SD with a fine-tuned draft" baseline, :mod:`hf_diversed.distill`); its flags are the fields of
