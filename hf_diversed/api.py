@@ -32,7 +32,7 @@ def _resolve_head(head: Any, target) -> DiversedHead:
     return resolved.to(target.device)
 
 
-def _check_pair(target, draft, head: DiversedHead | None) -> None:
+def check_pair(target, draft, head: DiversedHead | None) -> None:
     if draft is None:
         raise ValueError(
             "`diversed_head` / `diversed_verifier` need a draft model: pass `assistant_model=draft` "
@@ -105,9 +105,9 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     num_beams = extra.get("num_beams", getattr(bound.get("generation_config"), "num_beams", None))
     if num_beams is not None and num_beams > 1:
         raise ValueError(f"Speculative decoding runs one beam; got num_beams={num_beams}. Drop `num_beams`.")
-    _check_pair(model, draft, None)
+    check_pair(model, draft, None)
     head = _resolve_head(head_arg, model) if head_arg is not None else None
-    _check_pair(model, draft, head)
+    check_pair(model, draft, head)
     num_tokens, schedule = _user_draft_length(bound)
 
     settings = DecodingSettings(

@@ -61,7 +61,7 @@ def push_head_folder(folder: str | os.PathLike, repo_id: str, *, private: bool |
     folder = Path(folder)
     missing = [name for name in HEAD_FILES[:2] if not (folder / name).is_file()]
     if missing:
-        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: save the head there first (head.save_pretrained).")
+        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: save the head there first (save_pretrained).")
     api = HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True)
     info = api.upload_folder(

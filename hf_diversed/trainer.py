@@ -247,6 +247,9 @@ class DiversedTrainer:
                 head_hidden_size=config.head_hidden_size,
                 task=config.task,
             )
+        from .api import check_pair
+
+        check_pair(target, draft, head)  # a head built for another pair fails here, naming both sizes
         head.float().train()
         self.ref_head = copy.deepcopy(head).requires_grad_(False).eval()
         optimizer = torch.optim.AdamW(head.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)

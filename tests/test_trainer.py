@@ -12,6 +12,7 @@ import torch
 from conftest import build_tiny, prompts
 from safetensors.torch import load_file
 
+from hf_diversed import DiversedHeadConfig
 from hf_diversed.modeling_diversed_head import DiversedHead
 from hf_diversed.rollout import collect_rollout
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
@@ -180,6 +181,19 @@ def test_reward_validation(pair, tmp_path):
     )
     with pytest.raises(ValueError, match="NaN"):
         nan.train()
+
+
+def test_bad_task_data_and_head_are_named(pair, tmp_path, monkeypatch):
+    target, draft = pair
+    with pytest.raises(ValueError, match="unknown task 'gsm9k'; valid names: gsm8k"):
+        DiversedTrainer(_config(tmp_path, task="gsm9k"), target, draft)
+    monkeypatch.setenv("HF_DIVERSED_DATA_DIR", str(tmp_path / "no-data"))
+    with pytest.raises(FileNotFoundError, match="no-data"):
+        DiversedTrainer(_config(tmp_path), target, draft)
+    monkeypatch.delenv("HF_DIVERSED_DATA_DIR")
+    wrong = DiversedHead(DiversedHeadConfig(target_hidden_size=64, draft_hidden_size=48))
+    with pytest.raises(ValueError, match="hidden sizes 64/48.*models have 64/32"):
+        DiversedTrainer(_config(tmp_path), target, draft, head=wrong, train_dataset=_dataset())
 
 
 def test_config_validation():
