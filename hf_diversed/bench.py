@@ -575,6 +575,7 @@ def _load_models(config: BenchConfig, need_lora: bool):
 def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
     from transformers import AutoModelForCausalLM
 
+    from .api import check_pair
     from .demo import load_pair
     from .real_models import resolve_model
 
@@ -588,11 +589,10 @@ def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
             f"({', '.join(SPECS)}), a Hub id available offline in the HF cache, or a local directory saved with "
             "save_pretrained (model + tokenizer)."
         ) from None
-    if target.config.get_text_config().vocab_size != draft.config.get_text_config().vocab_size:
-        raise BenchError(
-            f"target {config.target!r} and draft {config.draft!r} have different vocabularies; pass a --draft "
-            "that shares the target's tokenizer."
-        )
+    try:
+        check_pair(target, draft, None)
+    except ValueError as err:
+        raise BenchError(f"--target {config.target!r} / --draft {config.draft!r}: {err}") from None
     if tokenizer.chat_template is None:
         raise BenchError(f"the tokenizer of {config.target!r} has no chat template; use an instruct/chat target model.")
     lora = None
@@ -609,20 +609,17 @@ def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
 
 
 def _load_head(config: BenchConfig, target, draft):
+    from .api import check_pair
     from .hub import load_head
 
     try:
         head = load_head(config.head)
     except (OSError, ValueError) as err:
         raise BenchError(str(err)) from None
-    expected = (head.config.target_hidden_size, head.config.draft_hidden_size)
-    actual = (target.config.get_text_config().hidden_size, draft.config.get_text_config().hidden_size)
-    if expected != actual:
-        raise BenchError(
-            f"the head {config.head!r} was trained for hidden sizes {expected[0]}/{expected[1]}, but --target/"
-            f"--draft have {actual[0]}/{actual[1]}; pass a --head trained for this pair "
-            f"(head config: target_model={head.config.target_model!r}, draft_model={head.config.draft_model!r})."
-        )
+    try:
+        check_pair(target, draft, head)
+    except ValueError as err:
+        raise BenchError(f"--head {config.head!r}: {err}") from None
     return head
 
 
