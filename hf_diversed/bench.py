@@ -737,7 +737,12 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
             generate(method, warm_ids, max_new_tokens=8, temperature=config.temperatures[0],
                      n=config.num_assistant_tokens[0] if method.uses_draft else None, seed=config.seed)  # fmt: skip
 
-    environment = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.node()}
+    environment = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.node(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # AVX2 vs AVX512: bf16 speed differs a lot
+    }
     writer = _Appender(results_path)
     prompts: dict[tuple[str, int], tuple[Any, str]] = {}
     try:
