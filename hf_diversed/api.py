@@ -75,6 +75,9 @@ def _user_draft_length(bound: dict[str, Any]) -> tuple[int | None, str | None]:
 
 def diversed_generate(model, original_generate, *args, **kwargs):
     """Run ``original_generate`` with hf_diversed's assisted-decoding loop and the requested rule."""
+    if kwargs.get("custom_generate") is not None:
+        # The repository's own generate function runs instead and receives every argument, diversed_head included.
+        return original_generate(model, *args, **kwargs)
     head_arg = kwargs.pop("diversed_head", None)
     verifier_arg = kwargs.pop("diversed_verifier", None)
     trace = kwargs.pop("_diversed_trace", None)  # private: a list to receive per-round traces (rollouts)
