@@ -246,7 +246,7 @@ class BenchConfig:
     command: str | None = None
 
     def __post_init__(self) -> None:
-        from .tasks import TASKS, get_task
+        from .tasks import TASKS, get_task, parse_split
 
         self.tasks = tuple(_split_list(self.tasks) if isinstance(self.tasks, str) else self.tasks)
         if not self.tasks:
@@ -259,10 +259,14 @@ class BenchConfig:
                 raise BenchError(
                     f"unknown task {name!r}; pass --tasks with a comma list of: {', '.join(TASKS)}."
                 ) from None
-            if self.split not in task.splits:
+            try:
+                split_name = parse_split(self.split)[0]
+            except ValueError as err:
+                raise BenchError(f"{err} (--split)") from None
+            if split_name not in task.splits:
                 raise BenchError(
-                    f"task {task.name!r} has no split {self.split!r}; pass --split with one of "
-                    f"{', '.join(task.splits)} (or drop {task.name} from --tasks)."
+                    f"task {task.name!r} has no split {split_name!r}; pass --split with one of "
+                    f"{', '.join(task.splits)}, optionally sliced like test[100:] (or drop {task.name} from --tasks)."
                 )
             if task.name not in names:
                 names.append(task.name)
@@ -844,6 +848,7 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
             tokens_per_s_std=_std(per_tps),
             quality=None if not quality else _mean(quality) * scale,
             quality_stderr=None if len(quality) < 2 else _std(quality) * scale / math.sqrt(len(quality)),
+            truncated_rate=sum(r["new_tokens"] >= r["max_new_tokens"] for r in recs) / len(recs),
         )  # fmt: skip
         with_stats = [r for r in recs if r.get("drafted") is not None]
         if with_stats:
@@ -990,7 +995,8 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
         lines += ["; ".join(fixed), ""]
     extra_cols = [f for f in fields if vary[f]]
     header = ["task", "T", *extra_cols, "method", "N", "n", "tok/s", "speedup", "analytic (v=1)",
-              "acceptance", "accepted/round", "mean w", "quality (×100)", "tok/s std", "acc. std"]  # fmt: skip
+              "acceptance", "accepted/round", "mean w", "quality (×100)", "cut at max", "tok/s std",
+              "acc. std"]  # fmt: skip
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     any_fewer = False
@@ -1009,7 +1015,7 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
                  _fmt(r["N"], "d"), str(r["n"]), _fmt(r["tokens_per_s"], ".2f"), speed, analytic,
                  _fmt(None if r["acceptance_rate"] is None else 100 * r["acceptance_rate"], ".1f", "%"),
                  _fmt(r["mean_accepted_per_round"], ".2f"), _fmt(r["mean_weight"], ".2f"), quality,
-                 _fmt(r["tokens_per_s_std"], ".2f"),
+                 _fmt(100 * r["truncated_rate"], ".0f", "%"), _fmt(r["tokens_per_s_std"], ".2f"),
                  _fmt(None if r["acceptance_std"] is None else 100 * r["acceptance_std"], ".1f", "%")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
@@ -1024,7 +1030,9 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
         ),
         "Acceptance: accepted / drafted tokens; accepted/round counts the bonus (correction) token. Native "
         "transformers methods report no acceptance counts. Quality: task metric ×100 (ROUGE-2 F1 is already "
-        "×100) ± standard error over examples. Std columns: spread of per-example tokens/s and acceptance.",
+        "×100) ± standard error over examples. Cut at max: share of completions that reached --max-new-tokens "
+        "(truncated; a high share makes the quality column unreliable, e.g. GSM8K needs ~256+ tokens). "
+        "Std columns: spread of per-example tokens/s and acceptance.",
         "",
         f"Analytic column: measured v (and v=1 in parentheses). {summary.get('assumptions', '')}",
     ]

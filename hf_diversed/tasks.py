@@ -531,6 +531,21 @@ def xsum_rouge2(
 # --------------------------------------------------------------------------------------------------------
 
 
+_SPLIT = re.compile(r"^(?P<name>[A-Za-z_][\w-]*)(?:\[(?P<start>-?\d*):(?P<stop>-?\d*)\])?$")
+
+
+def parse_split(split: str) -> tuple[str, slice]:
+    """``"test[100:]"`` -> ``("test", slice(100, None))``; a bare name selects every row."""
+    match = _SPLIT.match(split.strip())
+    if match is None:
+        raise ValueError(
+            f"cannot parse split {split!r}: write a split name, optionally with a row slice, "
+            "e.g. 'test', 'test[100:]', 'train[:512]' or 'test[50:150]'."
+        )
+    start, stop = match["start"], match["stop"]
+    return match["name"], slice(int(start) if start else None, int(stop) if stop else None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """One evaluation/training task.
@@ -562,15 +577,17 @@ class Task:
         """Load ``split`` as an in-memory :class:`datasets.Dataset` (offline; no Hub access).
 
         Args:
-            split: one of :attr:`splits`.
+            split: one of :attr:`splits`, optionally sliced by row like ``datasets`` split strings:
+                ``"test[100:]"``, ``"train[:512]"``, ``"test[50:150]"``. Row ids keep the unsliced index.
             data_dir: folder holding ``<task>/<split>.jsonl``; defaults to :func:`default_data_dir`.
         """
-        if split not in self.splits:
+        name, rows = parse_split(split)
+        if name not in self.splits:
             valid = ", ".join(self.splits)
-            raise ValueError(f"task {self.name!r} has no split {split!r}; valid splits: {valid}")
+            raise ValueError(f"task {self.name!r} has no split {name!r}; valid splits: {valid}")
         import datasets
 
-        return datasets.Dataset.from_list(self.loader(split, data_dir))
+        return datasets.Dataset.from_list(self.loader(name, data_dir)[rows])
 
     def build_messages(self, row: Mapping[str, Any], max_words: int | None = None) -> list[Message]:
         """Chat messages (one user turn) asking an instruct model to solve ``row``.

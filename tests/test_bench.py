@@ -90,6 +90,8 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     for row in rows:
         assert row["n"] == 2 and row["n_ar"] == 2 and row["tokens_per_s"] > 0 and row["speedup"] > 0
         assert row["quality"] is not None and 0 <= row["quality"] <= 100
+        cut = [r for r in records if (r["task"], r["method"]) == (row["task"], row["method"]) and r["new_tokens"] == 8]
+        assert row["truncated_rate"] == pytest.approx(len(cut) / 2)  # 8 = --max-new-tokens
         if row["method"] == "ar":
             assert row["speedup"] == pytest.approx(1.0) and row["acceptance_rate"] is None
         else:
@@ -188,6 +190,8 @@ def test_ar_examples_and_lora_draft(setup, tmp_path):
         (["--static-sweep", "0.1,x"], "--static-sweep"),
         (["--cascade-sweep", "fast:0.1"], "VARIANT:A"),
         (["--split", "validation", "--tasks", "gsm8k"], "--split"),
+        (["--split", "test[1]", "--tasks", "gsm8k"], "--split"),
+        (["--split", "validation[:10]", "--tasks", "gsm8k"], "test[100:]"),
         (["--ar-examples", "9", "--num-examples", "2"], "--ar-examples"),
         (["--data-dir", "/nonexistent/data"], "--data-dir"),
         (["--summarize-only"], "without --summarize-only"),

@@ -17,6 +17,7 @@ from hf_diversed.tasks import (
     extract_gsm8k_answer,
     get_task,
     normalize_number,
+    parse_split,
     truncate_words,
 )
 
@@ -89,6 +90,23 @@ def test_row_counts_and_id_columns(data, task, split):
 def test_unknown_split(data):
     with pytest.raises(ValueError, match="valid splits: train, test"):
         get_task("gsm8k").load("validation")
+
+
+def test_sliced_splits_keep_row_ids(data):
+    """'test[100:]' style slices (as in `datasets`) select rows; ids keep the unsliced index."""
+    full = data("cnndm", "test")
+    tail, head = get_task("cnndm").load("test[100:]"), get_task("cnndm").load("test[:100]")
+    assert len(tail) == len(full) - 100 and len(head) == 100
+    assert tail[0]["id"] == full[100]["id"] and head[99]["id"] == full[99]["id"]
+    assert not set(tail["id"]) & set(head["id"])
+    assert get_task("gsm8k").load("train[10:20]")["question"] == data("gsm8k", "train")["question"][10:20]
+    assert parse_split("test") == ("test", slice(None, None))
+    assert parse_split("train[-5:]") == ("train", slice(-5, None))
+    for bad in ("test[1]", "test[a:b]", "test[1:2:3]", ""):
+        with pytest.raises(ValueError, match="e.g. 'test', 'test\\[100:\\]'"):
+            parse_split(bad)
+    with pytest.raises(ValueError, match="valid splits: test"):
+        get_task("xsum").load("train[:10]")
 
 
 def test_data_dir_errors(tmp_path, monkeypatch):
