@@ -28,7 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     parser.add_argument("--target", default=TARGET_NAME, help="target model: built-in name, Hub id or path")
     parser.add_argument("--draft", default=DRAFT_NAME, help="draft model sharing the target's tokenizer")
-    parser.add_argument("--head", default=None, help="DIVERSED head (Hub id or path); default: a fresh w=0.5 head")
+    parser.add_argument(
+        "--head",
+        default=None,
+        help="DIVERSED head (Hub id or path); default: the bundled pretrained head of --task, else a fresh w=0.5 head",
+    )
     parser.add_argument("--task", default="gsm8k", help="task whose first test prompt is used")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -42,13 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from .hub import load_head
     from .modeling_diversed_head import DiversedHead
+    from .pretrained import head_for_task, seed_pretrained_heads
     from .tasks import get_task
 
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, args.dtype))
-    head = load_head(args.head) if args.head else DiversedHead.for_models(target, draft, init_weight=0.5)
+    seed_pretrained_heads()  # bundled heads resolve by Hub id, offline, like downloaded ones
+    head_name = args.head or head_for_task(args.task)
+    head = load_head(head_name) if head_name else DiversedHead.for_models(target, draft, init_weight=0.5)
     task = get_task(args.task)
     row = task.load("test")[0]
     input_ids = tokenizer.apply_chat_template(
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n--- {method.spec} ---\n{tokenizer.decode(record.new_tokens, skip_special_tokens=True)}")
 
     base = records["ar"].tokens_per_second
-    label = "fresh head, w=0.5" if args.head is None else args.head
+    label = head_name or "fresh head, w=0.5"
     print("\n| method | tokens | tok/s | speedup | acceptance | accepted/round | mean w |")
     print("|---|---|---|---|---|---|---|")
     for spec, rec in records.items():

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .hub import push_head_folder, write_custom_generate
+from .model_card import render_head_card
 from .modeling_diversed_head import DiversedHead
 from .rollout import Rollout, collect_rollout
 
@@ -22,7 +24,6 @@ __all__ = ["DiversedTrainer", "DiversedTrainerConfig", "diversed_policy_loss"]
 logger = logging.getLogger(__name__)
 
 _STATE_FILE = "trainer_state.pt"
-_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "diversed_head.md"
 
 
 @dataclass
@@ -622,7 +623,7 @@ class DiversedTrainer:
             evaluation = "\n".join(lines)
         else:
             evaluation = "Not evaluated (num_eval_prompts=0)."
-        values = dict(
+        return render_head_card(
             target_model=cfg.target or head.config.target_model,
             draft_model=cfg.draft or head.config.draft_model,
             vocab_size=head.config.vocab_size,
@@ -631,9 +632,6 @@ class DiversedTrainer:
             training=training,
             evaluation=evaluation,
         )
-        if _CARD_TEMPLATE.is_file():
-            return _CARD_TEMPLATE.read_text().format(**values)
-        return f"# DIVERSED ensemble head: {cfg.task}\n\n## Training\n\n{training}\n\n## Evaluation\n\n{evaluation}\n"
 
     def save_model(self, output_dir: str | Path | None = None) -> Path:
         output_dir = Path(output_dir or self.config.output_dir)
@@ -645,9 +643,9 @@ class DiversedTrainer:
             head.save_pretrained(output_dir)
             card = self.model_card()
             (output_dir / "README.md").write_text(card)
+            # The repository's transformers-only recipe; without a Hub id it loads the head from this directory.
+            write_custom_generate(output_dir, self.config.hub_model_id or str(output_dir.resolve()))
             if self.config.push_to_hub:
-                from .hub import push_head_folder
-
                 push_head_folder(output_dir, self.config.hub_model_id)
         self.accelerator.wait_for_everyone()
         return output_dir

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -128,7 +130,10 @@ def test_reward_trusting_draft_lowers_w(pair, tmp_path):
     assert trained["reward"] > untrained["reward"]
     assert (Path(config.output_dir) / "model.safetensors").is_file()
     card = (Path(config.output_dir) / "README.md").read_text()
-    assert "## Training" in card and "| learning_rate |" in card and "untrained" in card and "{" not in card
+    assert "## Training" in card and "| learning_rate |" in card and "untrained" in card
+    assert not re.search(r"\{[a-z_]+\}", card), "an unfilled template field"
+    recipe = (Path(config.output_dir) / "custom_generate" / "generate.py").read_text()
+    assert f"HEAD_REPO_ID = {json.dumps(str(Path(config.output_dir).resolve()))}" in recipe
 
 
 def test_acceptance_regularizer_alone_raises_acceptance(pair, tmp_path):
