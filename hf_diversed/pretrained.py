@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,8 +71,6 @@ def seed_pretrained_heads(cache_dir: str | os.PathLike | None = None) -> dict[st
     Idempotent: the snapshot's commit id is a hash of the files, so re-seeding unchanged heads rewrites
     nothing new, and a changed head becomes the new ``main``.
     """
-    import tempfile
-
     from .hub import seed_hf_cache
 
     snapshots = {}
@@ -149,8 +148,6 @@ def run(args: argparse.Namespace) -> int:
         if args.export:
             print(f"  exported to {head.write_repo(Path(args.export) / head.folder.name)}")
         if args.push:
-            import tempfile
-
             from .hub import push_head_folder
 
             with tempfile.TemporaryDirectory() as tmp:
