@@ -9,19 +9,25 @@ What is patched, once, on ``import hf_diversed``:
   the original function, called with the same arguments.
 - ``GenerationMixin._assisted_decoding`` runs hf_diversed's loop while a DIVERSED ``generate`` call is in
   progress (a context variable carries its settings), and the original loop otherwise.
+
+Not a patch: ``apply_draft_warpers_once`` edits one ``AssistedCandidateGenerator``'s private generation
+config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once.
 """
 
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import transformers
 from packaging.version import Version
-from transformers.cache_utils import StaticCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
 from transformers.generation import AssistedCandidateGenerator, CandidateGenerator, GenerateDecoderOnlyOutput
 from transformers.generation.candidate_generator import (
     _prepare_attention_mask,
@@ -39,7 +45,13 @@ __all__ = [
     "GenerateDecoderOnlyOutput",
     "StaticCache",
     "active_settings",
+    "apply_draft_warpers_once",
+    "cache_drop_leading",
+    "cache_stack",
+    "cache_select_rows",
+    "check_batchable_cache",
     "check_transformers_version",
+    "generation_logits_processors",
     "install",
     "original_assisted_decoding",
     "original_generate",
@@ -76,6 +88,52 @@ def check_transformers_version() -> None:
         )
 
 
+# GenerationConfig fields from which ``GenerationMixin._get_logits_processor`` appends processors *after*
+# merging in a custom ``logits_processor`` list, with values for which it appends none.
+DRAFT_NEUTRAL_FIELDS: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_k": 0,  # not None: the draft's generate would fill in the draft's own top_k or the default 50
+    "top_p": 1.0,
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "top_h": None,
+    "watermarking_config": None,
+    "renormalize_logits": False,
+}
+
+
+def apply_draft_warpers_once(drafter: AssistedCandidateGenerator) -> None:
+    """Make ``drafter`` sample the draft from the target's logits processors applied once.
+
+    transformers 5.23's ``AssistedCandidateGenerator`` calls ``draft.generate(generation_config=<its copy of
+    the target's config>, logits_processor=<the target's processors, sampling warpers included>)``, and that
+    ``generate`` appends the sampling warpers (and watermarking, ``LogitNormalization``) built from the config
+    once more: temperature T acts as T², top-p cuts twice. This sets those fields of the drafter's copy
+    (``drafter.generation_config``, private) to values that build no processor, so the draft's scores are the
+    target's list applied once to the draft's logits. The draft's ``generate`` fills fields left ``None`` from
+    the draft's own ``generation_config``: a ``min_p`` there becomes the no-op ``min_p=0.0``; a ``top_h`` or
+    ``watermarking_config`` there would still apply to the draft, and a warning says so.
+    """
+    config = drafter.generation_config
+    for key, value in DRAFT_NEUTRAL_FIELDS.items():
+        setattr(config, key, value)
+    own = getattr(drafter.assistant_model, "generation_config", None)
+    if own is None:
+        return
+    if getattr(own, "min_p", None) is not None:
+        config.min_p = 0.0  # MinPLogitsWarper(0.0) is the identity; None would take the draft's min_p
+    leaking = [key for key in ("top_h", "watermarking_config") if getattr(own, key, None) is not None]
+    if leaking:
+        warnings.warn(
+            f"assistant_model.generation_config sets {', '.join(leaking)}: transformers' generate applies it to "
+            "every drafted token on top of the target's logits processors, so the draft does not sample at the "
+            f"target's settings. Set assistant_model.generation_config.{leaking[0]} = None to draft at them.",
+            stacklevel=3,
+        )
+
+
 def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]) -> None:
     """Patch ``GenerationMixin`` so ``generate`` routes DIVERSED arguments to ``generate_hook``.
 
@@ -103,6 +161,75 @@ def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]
     GenerationMixin._assisted_decoding = _assisted_decoding
 
 
+# ------------------------------------------------------------------ batched sampler: processors and KV caches
+# The batched sampler keeps one DynamicCache per model for a batch of right-aligned rows (left padding) and
+# edits it in place when rows leave or join: the functions below are the only code touching cache internals.
+
+
+def generation_logits_processors(model, **generate_kwargs):
+    """The logits processors ``model.generate(**generate_kwargs)`` would build, and its generation config.
+
+    Built by transformers' own ``generate`` machinery (model defaults overridden by ``generate_kwargs``), so a
+    sampler applying this list applies exactly what ``generate`` applies, in the same order.
+    """
+    config, _ = model._prepare_generation_config(None, **generate_kwargs)
+    config = copy.deepcopy(config)
+    model._prepare_special_tokens(config, True, device=model.device, batch_size=1)
+    processors = model._get_logits_processor(
+        generation_config=config, input_ids_seq_length=1, device=model.device, model_kwargs={}
+    )
+    return processors, config
+
+
+def check_batchable_cache(cache, model_name: str) -> None:
+    """Raise unless every layer of ``cache`` is a plain full-attention ``DynamicLayer``."""
+    if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])}) or [type(cache).__name__]
+        raise ValueError(
+            f"The batched sampler supports models whose KV cache is a full-attention DynamicCache; {model_name} uses "
+            f"{', '.join(kinds)} (e.g. sliding-window layers). Use generate(...) one sequence at a time for it."
+        )
+
+
+def cache_select_rows(cache, index: torch.Tensor) -> None:
+    """Keep only the batch rows ``index`` (in that order), in place."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+
+
+def cache_drop_leading(cache, n: int) -> None:
+    """Drop the first ``n`` positions of every row (columns that are padding in all rows), in place."""
+    if n > 0:
+        for layer in cache.layers:
+            layer.keys = layer.keys[:, :, n:].contiguous()
+            layer.values = layer.values[:, :, n:].contiguous()
+
+
+def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
+    pad = length - x.shape[2]
+    return x if pad == 0 else torch.cat([x.new_zeros(*x.shape[:2], pad, x.shape[3]), x], dim=2)
+
+
+def cache_stack(caches: list, repeats: list[int]):
+    """A new cache holding ``repeats[i]`` copies of the row(s) of each ``caches[i]``, one after another.
+
+    Rows are right-aligned: shorter ones are left-padded with zeros (the caller masks those positions). The
+    inputs are left unchanged.
+    """
+    out = copy.copy(caches[0])
+    out.layers = []
+    for i, layer in enumerate(caches[0].layers):
+        new = copy.copy(layer)
+        keys = [c.layers[i].keys.repeat_interleave(r, 0) for c, r in zip(caches, repeats, strict=True)]
+        values = [c.layers[i].values.repeat_interleave(r, 0) for c, r in zip(caches, repeats, strict=True)]
+        length = max(k.shape[2] for k in keys)
+        new.keys = torch.cat([_left_pad(k, length) for k in keys], dim=0)
+        new.values = torch.cat([_left_pad(v, length) for v in values], dim=0)
+        out.layers.append(new)
+    return out
+
+
 def private_signatures() -> dict[str, inspect.Signature]:
     """Signatures of the private callables this package relies on (checked by a canary test)."""
     return {
@@ -112,4 +239,7 @@ def private_signatures() -> dict[str, inspect.Signature]:
         "_prepare_token_type_ids": inspect.signature(_prepare_token_type_ids),
         "_split_model_outputs": inspect.signature(_split_model_outputs),
         "AssistedCandidateGenerator.__init__": inspect.signature(AssistedCandidateGenerator.__init__),
+        "_prepare_generation_config": inspect.signature(GenerationMixin._prepare_generation_config),
+        "_prepare_special_tokens": inspect.signature(GenerationMixin._prepare_special_tokens),
+        "_get_logits_processor": inspect.signature(GenerationMixin._get_logits_processor),
     }

@@ -28,6 +28,11 @@ class DiversedStats:
         return self.num_accepted / self.num_drafted if self.num_drafted else float("nan")
 
     @property
+    def verified_acceptance_rate(self) -> float:
+        """num_accepted / num_verified: per verified position (drafts after a rejection are not verified)."""
+        return self.num_accepted / self.num_verified if self.num_verified else float("nan")
+
+    @property
     def mean_weight(self) -> float:
         """Mean mixture weight w over verified positions (1 for exact SD)."""
         return self.weight_sum / self.num_verified if self.num_verified else float("nan")
@@ -57,6 +62,7 @@ class DiversedStats:
             "num_accepted": self.num_accepted,
             "num_rounds": self.num_rounds,
             "acceptance_rate": self.acceptance_rate,
+            "verified_acceptance_rate": self.verified_acceptance_rate,
             "mean_accepted_per_round": self.mean_accepted_per_round,
             "mean_weight": self.mean_weight,
             "mean_tv": self.mean_tv,

@@ -1,0 +1,569 @@
+"""Batched, law-exact sampling of speculative decoding: many sequences at once, without speculating.
+
+Quality and acceptance depend only on the *law* of what a verification rule emits, and that law can be drawn
+one position at a time. In the real loop a round drafts x_1..x_N from q, the target scores them in one pass and
+they are checked in order; at the first rejection the position gets a correction from the rule's residual and
+the later drafts are thrown away, after a fully accepted draft a bonus token comes from p. The thrown-away
+drafts never touch the output, so walking the positions gives the same law::
+
+    k = 0, N_r = min(N, max_new_tokens - generated - 1)           # what transformers drafts this round
+    at each position t (one forward of each model on the prefix: p_t, q_t and both LM-head inputs):
+        k < N_r (drafted):  x ~ q_t; with prob. min(1, ratio_t(x)) emit x, k += 1; else emit y ~ residual_t, end round
+        k = N_r (bonus):    emit y ~ p_t, end round
+    end of round: record (N_r drafted, k accepted); N += 2 if k = N_r else max(1, N - 1) under "heuristic"
+
+Greedy replaces the draws by the rules' argmax tests. A drafted EOS ends the round's draft (the draft's own
+``generate`` stops there), so an accepted EOS ends the round and the sequence, as in the real loop.
+Sequences are rows of a batch with left padding; a finished row leaves and a waiting request takes its place;
+requests that share a prompt (several rules, several samples) share one prefill of it. Every request draws
+from its own generator seeded with ``request.seed``, so its result does not depend on the batch it fell in.
+What this does not reproduce: wall-clock time, and float rounding (one-token forwards instead of
+block forwards), which in float32 should never flip a greedy choice and in bf16 rarely can.
+
+The law is that of ``target.generate(prompt, assistant_model=draft, diversed_verifier=rule /
+diversed_head=head, **config.generate_kwargs())`` with the draft's ``assistant_confidence_threshold`` at 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _compat
+from .candidate_generator import LastHiddenStateRecorder
+from .modeling_diversed_head import DiversedHead
+from .stats import DiversedStats
+from .verification import VerificationRule, parse_rule, total_variation
+
+__all__ = ["SampleRequest", "SampleResult", "SamplerConfig", "sample_batched"]
+
+_SCHEDULES = ("constant", "heuristic")
+# Processors that act on each row alone and only through the tokens of its context (safe with left padding).
+_ROW_LOCAL_PROCESSORS = {
+    "TemperatureLogitsWarper",
+    "TopKLogitsWarper",
+    "TopPLogitsWarper",
+    "MinPLogitsWarper",
+    "TypicalLogitsWarper",
+    "EpsilonLogitsWarper",
+    "EtaLogitsWarper",
+    "RepetitionPenaltyLogitsProcessor",
+    "LogitNormalization",
+}
+_CONTEXT_PROCESSORS = {"RepetitionPenaltyLogitsProcessor"}
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Decoding settings shared by every request; :meth:`generate_kwargs` gives the equivalent ``generate`` call.
+
+    ``temperature``, ``top_k``, ``top_p`` and ``repetition_penalty`` override the target's generation config as
+    ``generate`` kwargs do; the processors are built by transformers exactly as ``generate`` builds them and
+    applied once to the target's and once to the draft's logits (p_t and q_t).
+    """
+
+    max_new_tokens: int = 128
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    num_assistant_tokens: int = 5
+    num_assistant_tokens_schedule: str = "constant"
+    eos_token_id: int | tuple[int, ...] | None = None  # None: the target's generation config
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}.")
+        if not isinstance(self.num_assistant_tokens, int) or self.num_assistant_tokens < 1:
+            raise ValueError(f"num_assistant_tokens must be a positive int, got {self.num_assistant_tokens!r}; e.g. 5.")
+        if self.num_assistant_tokens_schedule not in _SCHEDULES:
+            raise ValueError(
+                f"num_assistant_tokens_schedule {self.num_assistant_tokens_schedule!r} is not supported by the "
+                f"batched sampler; use one of {', '.join(_SCHEDULES)} (transformers' 'dynamic' schedule adapts a "
+                "confidence threshold the walk cannot follow)."
+            )
+        if self.do_sample and not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature!r}; use do_sample=False.")
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The ``generate`` keyword arguments with the same law (pad = EOS, so no generated pad is masked)."""
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=self.max_new_tokens,
+            do_sample=self.do_sample,
+            repetition_penalty=self.repetition_penalty,
+            num_assistant_tokens=self.num_assistant_tokens,
+            num_assistant_tokens_schedule=self.num_assistant_tokens_schedule,
+        )
+        if self.do_sample:
+            kwargs.update(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        else:
+            kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
+        if self.eos_token_id is not None:
+            eos = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
+            kwargs.update(eos_token_id=eos, pad_token_id=eos[0])
+        return kwargs
+
+
+@dataclass
+class SampleRequest:
+    """One sequence to draw: a prompt (token ids, no padding), a rule (or a head for DIVERSED) and a seed.
+
+    ``tag`` is returned unchanged with the result (e.g. the example index and the method).
+    """
+
+    prompt_ids: torch.Tensor
+    rule: VerificationRule | str = "exact"
+    head: DiversedHead | None = None
+    seed: int = 0
+    tag: Any = None
+
+
+@dataclass
+class SampleTrace:
+    """Per emitted *drafted* position (accepted drafts and corrections, never bonus tokens), as the trainer
+    reads a rollout: the token y, p(y), q(y), TV(p, q), the weight w used, whether the draft was accepted, and
+    the head's inputs."""
+
+    tokens: torch.Tensor  # (T,)
+    p_y: torch.Tensor  # (T,)
+    q_y: torch.Tensor  # (T,)
+    tv: torch.Tensor  # (T,)
+    w: torch.Tensor  # (T,)
+    accepted: torch.Tensor  # (T,) bool: an accepted draft (False: the correction after a rejection)
+    h_draft: torch.Tensor  # (T, D_draft)
+    h_target: torch.Tensor  # (T, D_target)
+
+
+@dataclass
+class SampleResult:
+    """A finished request: its completion (EOS included), the statistics ``generate`` would report, and why
+    it stopped (``"eos"`` or ``"length"``)."""
+
+    request: SampleRequest
+    index: int
+    completion_ids: torch.Tensor
+    stats: DiversedStats
+    finish_reason: str
+    trace: SampleTrace | None = None
+
+    @property
+    def tag(self) -> Any:
+        return self.request.tag
+
+
+# ------------------------------------------------------------------------------------------------ rows
+
+
+@dataclass
+class _Row:
+    index: int
+    request: SampleRequest
+    rule: VerificationRule
+    head: DiversedHead | None
+    generator: torch.Generator | None
+    context: list[int]
+    schedule_n: int
+    round_n: int = 0
+    k: int = 0
+    completion: list[int] = field(default_factory=list)
+    stats: DiversedStats = field(default_factory=DiversedStats)
+    round_w: float = 0.0
+    round_tv: float = 0.0
+    trace: dict[str, list] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Prefix:
+    """A prompt prefilled once by both models, kept until every request with that prompt has joined."""
+
+    target_cache: Any
+    draft_cache: Any
+    target_logits: torch.Tensor  # (1, V) float32
+    draft_logits: torch.Tensor
+    target_hidden: torch.Tensor  # (1, D)
+    draft_hidden: torch.Tensor
+    length: int
+    waiting: int
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token per row drawn from ``probs`` (rows, V) with uniforms ``u`` (rows,): the first token whose CDF exceeds
+    u times the total. float64 sums, so the 150k-token tail is not lost to rounding."""
+    cdf = probs.double().cumsum(-1)
+    point = (u.double() * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def _uniforms(rows: list[_Row]) -> torch.Tensor:
+    """Three uniforms per row from each row's own generator: (rows, 3): draft draw, accept test, residual/bonus."""
+    return torch.stack([torch.rand(3, generator=row.generator) for row in rows])
+
+
+class _Model:
+    """One model of the pair over the batch: its cache, and one-token forwards that also read the LM-head input."""
+
+    def __init__(self, model, name: str):
+        self.model = model
+        self.name = name
+        self.recorder = LastHiddenStateRecorder(model)
+        self.cache = None
+        self.keep = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
+
+    def _run(self, **inputs) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        if self.keep:
+            inputs["logits_to_keep"] = 1
+        with self.recorder:
+            out = self.model(**inputs, use_cache=True)
+        hidden = self.recorder.states[-1][:, -1]
+        return out.past_key_values, out.logits[:, -1].float(), hidden
+
+    def prefill(self, ids: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        cache, logits, hidden = self._run(input_ids=ids, attention_mask=torch.ones_like(ids))
+        _compat.check_batchable_cache(cache, self.name)
+        return cache, logits, hidden
+
+    def step(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
+        cache, logits, hidden = self._run(
+            input_ids=tokens.view(-1, 1), attention_mask=mask, position_ids=positions.view(-1, 1),
+            past_key_values=self.cache,
+        )  # fmt: skip
+        self.cache = cache
+        return logits, hidden
+
+
+# ------------------------------------------------------------------------------------------------ sampler
+
+
+class _Sampler:
+    def __init__(self, target, draft, config: SamplerConfig, batch_size: int, return_trace: bool):
+        from .api import check_pair
+
+        check_pair(target, draft, None)
+        threshold = getattr(draft.generation_config, "assistant_confidence_threshold", 0) or 0
+        if threshold > 0:
+            raise ValueError(
+                f"The draft's generation_config.assistant_confidence_threshold is {threshold}: generate would stop "
+                "each draft early below that confidence, which the batched sampler does not follow. Set "
+                "draft.generation_config.assistant_confidence_threshold = 0.0 (both then draft N tokens a round)."
+            )
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+        self.config = config
+        self.batch_size = batch_size
+        self.return_trace = return_trace
+        self.target = _Model(target, "the target")
+        self.draft = _Model(draft, "the draft")
+        self.device = target.device
+        processors, gen_config = _compat.generation_logits_processors(target, **config.generate_kwargs())
+        names = [type(p).__name__ for p in processors]
+        unsupported = [n for n in names if n not in _ROW_LOCAL_PROCESSORS]
+        if unsupported:
+            raise ValueError(
+                f"generate would apply {', '.join(unsupported)} (from the target's generation_config), which the "
+                "batched sampler does not implement. Neutralise it in target.generation_config, or use generate "
+                "one sequence at a time."
+            )
+        self.processors = processors
+        self.needs_context = any(n in _CONTEXT_PROCESSORS for n in names)
+        eos = gen_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.eos = set(int(e) for e in eos)
+        self.rows: list[_Row] = []
+        self.mask: torch.Tensor | None = None  # (B, L) 1 = real token
+        self.pending: tuple[torch.Tensor, ...] | None = None  # target logits, draft logits, target h, draft h
+
+    # ------------------------------------------------------------------ joining and leaving
+
+    def _new_row(self, index: int, request: SampleRequest) -> _Row:
+        rule = parse_rule(request.rule)
+        if rule.needs_head and request.head is None:
+            raise ValueError(f"request {index} uses the DIVERSED rule but has no head; set SampleRequest.head.")
+        if request.head is not None and not rule.needs_head:
+            raise ValueError(
+                f"request {index} has a head but its rule is {rule.spec()!r}; drop the head or use rule='diversed'."
+            )
+        if request.head is not None:
+            from .api import check_pair
+
+            check_pair(self.target.model, self.draft.model, request.head)
+        generator = None
+        if self.config.do_sample:
+            generator = torch.Generator().manual_seed(int(request.seed))
+        prompt = request.prompt_ids.reshape(-1).tolist()
+        if not prompt:
+            raise ValueError(f"request {index} has an empty prompt.")
+        trace = {k: [] for k in ("tokens", "p_y", "q_y", "tv", "w", "accepted", "h_draft", "h_target")}
+        return _Row(
+            index=index, request=request, rule=rule, head=request.head, generator=generator, context=prompt,
+            schedule_n=self.config.num_assistant_tokens, trace=trace if self.return_trace else None,
+        )  # fmt: skip
+
+    def _join(self, joining: list[tuple[_Row, _Prefix]]) -> None:
+        """Add rows (each with its prompt's prefix) to the batch: caches, mask and pending distributions."""
+        groups: list[list] = []  # [prefix, number of new rows], consecutive rows sharing a prefix
+        for _, prefix in joining:
+            if groups and groups[-1][0] is prefix:
+                groups[-1][1] += 1
+            else:
+                groups.append([prefix, 1])
+        prefixes, repeats = [g[0] for g in groups], [g[1] for g in groups]
+        new_pending = [
+            torch.cat([getattr(p, name).expand(r, -1) for p, r in groups])
+            for name in ("target_logits", "draft_logits", "target_hidden", "draft_hidden")
+        ]
+        old_t = [self.target.cache] if self.rows else []
+        old_d = [self.draft.cache] if self.rows else []
+        ones = [1] if self.rows else []
+        self.target.cache = _compat.cache_stack(old_t + [p.target_cache for p in prefixes], ones + repeats)
+        self.draft.cache = _compat.cache_stack(old_d + [p.draft_cache for p in prefixes], ones + repeats)
+        length = self.target.cache.get_seq_length()
+        lengths = [p.length for p, r in groups for _ in range(r)]
+        mask = torch.zeros(len(self.rows) + len(lengths), length, dtype=torch.long, device=self.device)
+        if self.rows:
+            mask[: len(self.rows), length - self.mask.shape[1] :] = self.mask
+        for i, n in enumerate(lengths):
+            mask[len(self.rows) + i, length - n :] = 1
+        self.mask = mask
+        if self.rows:
+            self.pending = tuple(torch.cat([a, b]) for a, b in zip(self.pending, new_pending, strict=True))
+        else:
+            self.pending = tuple(new_pending)
+        self.rows += [row for row, _ in joining]
+
+    def _leave(self, keep: list[int]) -> None:
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.rows = [self.rows[i] for i in keep]
+        if not self.rows:
+            self.target.cache = self.draft.cache = self.mask = self.pending = None
+            return
+        for model in (self.target, self.draft):
+            _compat.cache_select_rows(model.cache, index)
+        self.mask = self.mask.index_select(0, index)
+        self.pending = tuple(x.index_select(0, index) for x in self.pending)
+        lead = int(self.mask.argmax(-1).min())  # columns that are padding in every row
+        if lead > 0:
+            for model in (self.target, self.draft):
+                _compat.cache_drop_leading(model.cache, lead)
+            self.mask = self.mask[:, lead:]
+
+    # ------------------------------------------------------------------ one position of every row
+
+    def _processed(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.needs_context:
+            width = max(len(r.context) for r in self.rows)
+            ids = torch.tensor(
+                [[r.context[-1]] * (width - len(r.context)) + r.context for r in self.rows], device=logits.device
+            )  # left-filled with a token of the row itself, so the fill changes no penalty
+        else:
+            ids = torch.zeros(len(self.rows), 1, dtype=torch.long, device=logits.device)
+        return self.processors(ids, logits.clone()).float()
+
+    def _weights(self, p, q, h_target, h_draft, drafted: list[int]) -> torch.Tensor:
+        """w_t per row (1 where not drafted), grouped by rule (and head)."""
+        w = torch.ones(len(self.rows), dtype=p.dtype, device=p.device)
+        groups: dict[tuple, list[int]] = {}
+        for i in drafted:
+            row = self.rows[i]
+            groups.setdefault((row.rule, id(row.head)), []).append(i)
+        for (rule, _), idx in groups.items():
+            head = self.rows[idx[0]].head
+            at = torch.tensor(idx, device=p.device)
+            head_w = None
+            if head is not None:
+                head_w = head(
+                    draft_hidden_states=h_draft[at].unsqueeze(1).to(head.device),
+                    target_hidden_states=h_target[at].unsqueeze(1).to(head.device),
+                ).weight.to(p.device, p.dtype)
+            w[at] = rule.weights(p[at].unsqueeze(1), q[at].unsqueeze(1), head_w).squeeze(1).to(p.dtype)
+        return w
+
+    def _decide(self) -> tuple[torch.Tensor, list[int]]:
+        """Emit one token for every row; return the tokens fed next and the rows that finished."""
+        target_logits, draft_logits, h_target, h_draft = self.pending
+        z_p = self._processed(target_logits)
+        z_q = self._processed(draft_logits)
+        p, q = z_p.softmax(-1), z_q.softmax(-1)
+        rows = self.rows
+        drafted = [i for i, r in enumerate(rows) if r.k < r.round_n]
+        w = self._weights(p, q, h_target, h_draft, drafted)
+        tv = total_variation(p, q)
+        sample = self.config.do_sample
+        out = torch.empty(len(rows), dtype=torch.long)
+        accepted = torch.zeros(len(rows), dtype=torch.bool)
+        u = _uniforms(rows) if sample else None
+        x = _inverse_cdf(q, u[:, 0]) if sample else z_q.argmax(-1)
+        bonus_tokens = self._bonus(p, q, z_p, u)
+        corrections = bonus_tokens.clone()
+        if drafted:
+            groups: dict[VerificationRule, list[int]] = {}
+            for i in drafted:
+                groups.setdefault(rows[i].rule, []).append(i)
+            for rule, idx in groups.items():
+                at = torch.tensor(idx)
+                p_g, q_g, w_g, x_g = p[at].unsqueeze(1), q[at].unsqueeze(1), w[at].unsqueeze(1), x[at].unsqueeze(1)
+                if sample:
+                    p_x = p_g.gather(-1, x_g[..., None])[..., 0]
+                    q_x = q_g.gather(-1, x_g[..., None])[..., 0]
+                    ratio = rule.acceptance_ratio(p_x, q_x, w_g)
+                    ok = (u[at, 1:2] <= ratio).squeeze(1)
+                    accepted[at] = ok
+                    if not bool(ok.all()):
+                        residual = rule.residual(p_g, q_g, w_g).squeeze(1)
+                        mass = residual.sum(-1, keepdim=True)
+                        usable = mass > torch.finfo(mass.dtype).tiny
+                        dist = torch.where(usable, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p[at])
+                        corrections[at] = _inverse_cdf(dist, u[at, 2])
+                else:
+                    ok, targets = rule.greedy_accept(x_g, p_g, q_g, w_g, z_p[at].unsqueeze(1))
+                    accepted[at] = ok.squeeze(1)
+                    corrections[at] = targets.squeeze(1)
+        finished = []
+        for i, row in enumerate(rows):
+            if row.k < row.round_n:  # a drafted position
+                if int(x[i]) in self.eos:
+                    row.round_n = row.k + 1  # the draft's own generate stops drafting at an EOS
+                row.round_w += float(w[i])
+                row.round_tv += float(tv[i])
+                if bool(accepted[i]):
+                    token, row.k, ends, ok = int(x[i]), row.k + 1, False, True
+                else:
+                    token, ends, ok = int(corrections[i]), True, False
+                if row.trace is not None:
+                    for key, value in (("tokens", token), ("p_y", float(p[i, token])), ("q_y", float(q[i, token])),
+                                       ("tv", float(tv[i])), ("w", float(w[i])), ("accepted", ok)):  # fmt: skip
+                        row.trace[key].append(value)
+                    row.trace["h_draft"].append(h_draft[i].float().cpu())
+                    row.trace["h_target"].append(h_target[i].float().cpu())
+            else:  # the bonus position
+                token, ends = int(bonus_tokens[i]), True
+            out[i] = token
+            row.context.append(token)
+            row.completion.append(token)
+            if token in self.eos:
+                row.finish_reason, ends = "eos", True
+            elif len(row.completion) >= self.config.max_new_tokens:
+                row.finish_reason = "length"  # rounds are sized so that this is always a round's last position
+            if ends:
+                self._end_round(row)
+                if row.finish_reason is not None:
+                    finished.append(i)
+                else:
+                    self._start_round(row)
+        return out, finished
+
+    def _bonus(self, p: torch.Tensor, q: torch.Tensor, z_p: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+        """The token each row emits if its position is the bonus one: y ~ p (greedy: argmax p)."""
+        return _inverse_cdf(p, u[:, 2]) if u is not None else z_p.argmax(-1)
+
+    def _start_round(self, row: _Row) -> None:
+        row.k, row.round_w, row.round_tv = 0, 0.0, 0.0
+        row.round_n = max(0, min(row.schedule_n, self.config.max_new_tokens - len(row.completion) - 1))
+
+    def _end_round(self, row: _Row) -> None:
+        row.stats.record_round(row.round_n, row.k, row.round_w, row.round_tv)
+        if self.config.num_assistant_tokens_schedule == "heuristic":
+            row.schedule_n = row.schedule_n + 2 if row.k == row.round_n else max(1, row.schedule_n - 1)
+
+    def _result(self, row: _Row) -> SampleResult:
+        trace = None
+        if row.trace is not None:
+            t = row.trace
+            dims = (self.draft.model.config.get_text_config().hidden_size,
+                    self.target.model.config.get_text_config().hidden_size)  # fmt: skip
+            trace = SampleTrace(
+                tokens=torch.tensor(t["tokens"], dtype=torch.long),
+                p_y=torch.tensor(t["p_y"], dtype=torch.float32),
+                q_y=torch.tensor(t["q_y"], dtype=torch.float32),
+                tv=torch.tensor(t["tv"], dtype=torch.float32),
+                w=torch.tensor(t["w"], dtype=torch.float32),
+                accepted=torch.tensor(t["accepted"], dtype=torch.bool),
+                h_draft=torch.stack(t["h_draft"]) if t["h_draft"] else torch.zeros(0, dims[0]),
+                h_target=torch.stack(t["h_target"]) if t["h_target"] else torch.zeros(0, dims[1]),
+            )
+        return SampleResult(
+            request=row.request, index=row.index, completion_ids=torch.tensor(row.completion, dtype=torch.long),
+            stats=row.stats, finish_reason=row.finish_reason, trace=trace,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, requests: list[SampleRequest]) -> Iterator[SampleResult]:
+        waiting_per_prompt: dict[tuple[int, ...], int] = {}
+        keys = []
+        for request in requests:
+            key = tuple(request.prompt_ids.reshape(-1).tolist())
+            keys.append(key)
+            waiting_per_prompt[key] = waiting_per_prompt.get(key, 0) + 1
+        prefixes: dict[tuple[int, ...], _Prefix] = {}
+        next_request = 0
+        with torch.no_grad():
+            while True:
+                joining = []
+                while next_request < len(requests) and len(self.rows) + len(joining) < self.batch_size:
+                    request, key = requests[next_request], keys[next_request]
+                    row = self._new_row(next_request, request)
+                    prefix = prefixes.get(key)
+                    if prefix is None:
+                        prefix = prefixes[key] = self._prefill(key, waiting_per_prompt[key])
+                    prefix.waiting -= 1
+                    if prefix.waiting == 0:
+                        del prefixes[key]
+                    self._start_round(row)
+                    joining.append((row, prefix))
+                    next_request += 1
+                if joining:
+                    self._join(joining)
+                if not self.rows:
+                    return
+                tokens, finished = self._decide()
+                for i in finished:
+                    yield self._result(self.rows[i])
+                if finished:
+                    done = set(finished)
+                    keep = [i for i in range(len(self.rows)) if i not in done]
+                    tokens = tokens[keep] if keep else tokens[:0]
+                    self._leave(keep)
+                if not self.rows:
+                    continue
+                self._forward(tokens.to(self.device))
+
+    def _prefill(self, key: tuple[int, ...], waiting: int) -> _Prefix:
+        ids = torch.tensor([key], dtype=torch.long, device=self.device)
+        t_cache, t_logits, t_hidden = self.target.prefill(ids)
+        d_cache, d_logits, d_hidden = self.draft.prefill(ids)
+        return _Prefix(t_cache, d_cache, t_logits, d_logits, t_hidden, d_hidden, len(key), waiting)
+
+    def _forward(self, tokens: torch.Tensor) -> None:
+        positions = self.mask.sum(-1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], 1)
+        t_logits, t_hidden = self.target.step(tokens, self.mask, positions)
+        d_logits, d_hidden = self.draft.step(tokens, self.mask, positions)
+        self.pending = (t_logits, d_logits, t_hidden, d_hidden)
+
+
+def sample_batched(
+    target,
+    draft,
+    requests: Iterable[SampleRequest],
+    config: SamplerConfig | None = None,
+    *,
+    batch_size: int = 32,
+    return_trace: bool = False,
+) -> Iterator[SampleResult]:
+    """Draw each request's sequence with the law of ``generate`` under its rule, ``batch_size`` rows at a time.
+
+    Yields :class:`SampleResult` as sequences finish (not in request order; ``result.index`` is the request's
+    position). ``return_trace`` adds the per-position features the head trainer uses.
+    """
+    config = config or SamplerConfig()
+    requests = list(requests)
+    sampler = _Sampler(target, draft, config, batch_size, return_trace)
+    for i, request in enumerate(requests):  # fail before any compute on a bad request
+        sampler._new_row(i, request)
+    return sampler.run(requests)

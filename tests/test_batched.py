@@ -1,0 +1,250 @@
+"""The batched sampler draws sequences with exactly the law of ``generate`` under every rule.
+
+- Greedy, float32: tokens and statistics identical to the real loop, every rule, N in {1, 3, 5} and the
+  heuristic schedule, inside a mixed batch (rows leave and join) and at batch size 1.
+- Sampling, tiny vocabulary: the joint law of the first three tokens, the accepted counts per round and the
+  bonus positions match the real loop's empirical laws (two-sample chi-square homogeneity tests), for exact,
+  static, a non-constant head, lossy and a cascade; a sampler with a deliberate mistake fails the same tests.
+- Per verified position, acceptance averages 1 - w * TV(p, q).
+
+False failures. Each law comparison is a chi-square test at level ALPHA = 2e-6 (cells with fewer than 25
+observations in both samples together are pooled, so the chi-square approximation holds); this file makes
+15 of them, so the chance that a correct sampler fails any is <= 15 * 2e-6 = 3e-5 < 1e-4. The acceptance check
+is a martingale-difference mean in [-1, 1], bounded by Azuma-Hoeffding: P(|mean| > eps) <= 2 exp(-n eps^2 / 2),
+with eps chosen for 1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from conftest import build_pair, prompts
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_diversed import DiversedHead
+from hf_diversed.batched import SamplerConfig, SampleRequest, _Sampler, sample_batched
+
+ALPHA = 2e-6
+RULES = ["exact", "static:0.5", "lossy:0.7", "cascade-opt:0.1", "cascade-chow:0.3", "cascade-diff:0.1", "diversed"]
+
+
+def _random_head(target, draft, scale: float = 0.5, seed: int = 0) -> DiversedHead:
+    """A head whose w varies per position (a fresh head outputs init_weight everywhere)."""
+    head = DiversedHead.for_models(target, draft, init_weight=0.5)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        head.out.weight.normal_(0.0, scale)
+    return head
+
+
+def _generate(target, draft, ids, config: SamplerConfig, rule: str, head):
+    kwargs = dict(diversed_head=head) if rule == "diversed" else dict(diversed_verifier=rule)
+    out = target.generate(
+        ids, assistant_model=draft, return_dict_in_generate=True, **config.generate_kwargs(), **kwargs
+    )
+    return out.sequences[0, ids.shape[1] :], out.diversed_stats
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft = build_pair("llama")
+    for model in (target, draft):
+        model.generation_config.pad_token_id = model.generation_config.eos_token_id
+    return target, draft, _random_head(target, draft)
+
+
+def _assert_same(real_tokens, real_stats, result, what: str) -> None:
+    assert torch.equal(real_tokens, result.completion_ids), f"{what}: tokens differ"
+    assert real_stats.accepted_per_round == result.stats.accepted_per_round, f"{what}: accepted per round differ"
+    for name in ("num_drafted", "num_accepted", "num_rounds", "num_verified"):
+        assert getattr(real_stats, name) == getattr(result.stats, name), f"{what}: {name} differs"
+    for name in ("weight_sum", "tv_sum"):  # sums of per-position floats from differently shaped forwards
+        assert getattr(real_stats, name) == pytest.approx(getattr(result.stats, name), abs=1e-4), what
+
+
+@pytest.mark.parametrize("num_tokens, schedule", [(1, "constant"), (3, "constant"), (5, "constant"), (2, "heuristic")])
+def test_greedy_equals_real_loop_in_a_mixed_batch(pair, num_tokens, schedule):
+    target, draft, head = pair
+    config = SamplerConfig(
+        max_new_tokens=20, do_sample=False, num_assistant_tokens=num_tokens,
+        num_assistant_tokens_schedule=schedule, repetition_penalty=1.3 if num_tokens == 3 else 1.0,
+    )  # fmt: skip
+    ids = prompts(3, seed=num_tokens)
+    requests = [
+        SampleRequest(p, rule, head=head if rule == "diversed" else None, tag=(i, rule))
+        for i, p in enumerate(ids)
+        for rule in RULES
+    ]
+    # 21 rows through 5 slots: rows finish, leave and are replaced mid-run, prompts of different lengths mix.
+    results = list(sample_batched(target, draft, requests, config, batch_size=5))
+    assert sorted(r.index for r in results) == list(range(len(requests)))
+    for result in results:
+        i, rule = result.tag
+        tokens, stats = _generate(target, draft, ids[i], config, rule, head)
+        _assert_same(tokens, stats, result, f"prompt {i}, {rule}, N={num_tokens} {schedule}")
+
+
+def test_greedy_equals_real_loop_at_batch_size_one_with_eos(pair):
+    """Sequences that end on EOS (the walk finishes the round so the statistics count what generate verified)."""
+    target, draft, head = pair
+    eos_seen = 0
+    for seed in range(6):
+        ids = prompts(1, seed=100 + seed)[0]
+        with torch.no_grad():  # an EOS that the target emits early: its most likely third token
+            probe = target.generate(ids, max_new_tokens=3, do_sample=False)
+        eos = int(probe[0, -1])
+        config = SamplerConfig(max_new_tokens=12, do_sample=False, num_assistant_tokens=4, eos_token_id=eos)
+        for rule in ("exact", "static:0.3", "diversed"):
+            request = SampleRequest(ids, rule, head=head if rule == "diversed" else None)
+            (result,) = sample_batched(target, draft, [request], config, batch_size=1)
+            tokens, stats = _generate(target, draft, ids, config, rule, head)
+            _assert_same(tokens, stats, result, f"seed {seed}, {rule}")
+            eos_seen += result.finish_reason == "eos"
+    assert eos_seen >= 6
+
+
+# ------------------------------------------------------------------------------------------------ laws
+
+
+def _tiny(seed: int, vocab: int = 6) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+        initializer_range=0.5,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.assistant_confidence_threshold = 0.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    target, draft = _tiny(0), _tiny(1)  # unrelated weights: TV(p, q) is large, mistakes show
+    return target, draft, _random_head(target, draft, scale=1.0, seed=1)
+
+
+PROMPT = torch.tensor([[3, 5, 2]])
+LAW_CONFIG = SamplerConfig(max_new_tokens=5, do_sample=True, num_assistant_tokens=2)
+N_REAL, N_SAMPLER = 1500, 12000
+
+
+def _outcomes(tokens: list[int], accepted_per_round: list[int]) -> dict[str, tuple]:
+    """What is compared: the first three tokens (EOS-ended sequences padded with -1), the accepted counts per
+    round, and the positions of bonus tokens (from the counts: a round with all N_r drafts accepted ends on one)."""
+    first = tuple(tokens[:3]) + (-1,) * (3 - min(3, len(tokens)))
+    bonus, position, generated = [], 0, 0
+    for accepted in accepted_per_round:
+        n_round = min(LAW_CONFIG.num_assistant_tokens, LAW_CONFIG.max_new_tokens - generated - 1)
+        position += accepted
+        if accepted == n_round:
+            bonus.append(position)
+        position += 1
+        generated = position
+    return {"tokens": first, "accepted": tuple(accepted_per_round), "bonus": tuple(bonus)}
+
+
+def _chi2_pvalue(a: Counter, b: Counter) -> float:
+    """Two-sample chi-square homogeneity test; cells with < 25 observations in total are pooled."""
+    na, nb = sum(a.values()), sum(b.values())
+    cells, pooled = [], [0, 0]
+    for key in set(a) | set(b):
+        if a[key] + b[key] >= 25:
+            cells.append((a[key], b[key]))
+        else:
+            pooled[0] += a[key]
+            pooled[1] += b[key]
+    if sum(pooled) > 0:
+        cells.append(tuple(pooled))
+    stat = 0.0
+    for ca, cb in cells:
+        total = ca + cb
+        ea, eb = na * total / (na + nb), nb * total / (na + nb)
+        stat += (ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb
+    dof = max(len(cells) - 1, 1)
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
+
+
+def _real_laws(tiny_pair, rule: str) -> dict[str, Counter]:
+    target, draft, head = tiny_pair
+    laws = {"tokens": Counter(), "accepted": Counter(), "bonus": Counter()}
+    torch.manual_seed(1234)
+    for _ in range(N_REAL):
+        tokens, stats = _generate(target, draft, PROMPT, LAW_CONFIG, rule, head)
+        for key, value in _outcomes(tokens.tolist(), stats.accepted_per_round).items():
+            laws[key][value] += 1
+    return laws
+
+
+def _sampler_laws(tiny_pair, rule: str, sampler_class=_Sampler) -> dict[str, Counter]:
+    target, draft, head = tiny_pair
+    requests = [
+        SampleRequest(PROMPT, rule, head=head if rule == "diversed" else None, seed=s) for s in range(N_SAMPLER)
+    ]
+    sampler = sampler_class(target, draft, LAW_CONFIG, batch_size=2048, return_trace=False)
+    laws = {"tokens": Counter(), "accepted": Counter(), "bonus": Counter()}
+    for result in sampler.run(requests):
+        for key, value in _outcomes(result.completion_ids.tolist(), result.stats.accepted_per_round).items():
+            laws[key][value] += 1
+    return laws
+
+
+_REAL_CACHE: dict[str, dict[str, Counter]] = {}
+
+
+def _real(tiny_pair, rule):
+    if rule not in _REAL_CACHE:
+        _REAL_CACHE[rule] = _real_laws(tiny_pair, rule)
+    return _REAL_CACHE[rule]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["exact", "static:0.5", "diversed", "lossy:0.7", "cascade-opt:0.3"])
+def test_sampled_laws_match_real_loop(tiny_pair, rule):
+    real, ours = _real(tiny_pair, rule), _sampler_laws(tiny_pair, rule)
+    for what in ("tokens", "accepted", "bonus"):
+        p_value = _chi2_pvalue(real[what], ours[what])
+        assert p_value > ALPHA, f"{rule}: law of {what} differs from generate's (p = {p_value:.2e})"
+
+
+class _BonusFromQ(_Sampler):
+    """Deliberate mistake: the bonus token drawn from q instead of p."""
+
+    def _bonus(self, p, q, z_p, u):
+        return super()._bonus(q, p, z_p, u)
+
+
+class _RoundNotReset(_Sampler):
+    """Deliberate mistake: the round counter is not reset when a round ends."""
+
+    def _start_round(self, row):
+        k = row.k
+        super()._start_round(row)
+        row.k = k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", [_BonusFromQ, _RoundNotReset], ids=["bonus-from-q", "round-not-reset"])
+def test_a_faulty_sampler_fails_the_law_tests(tiny_pair, mistake):
+    real, wrong = _real(tiny_pair, "static:0.5"), _sampler_laws(tiny_pair, "static:0.5", mistake)
+    p_values = {what: _chi2_pvalue(real[what], wrong[what]) for what in ("tokens", "accepted", "bonus")}
+    assert min(p_values.values()) < ALPHA, p_values
+
+
+def test_acceptance_is_one_minus_w_tv_per_position(tiny_pair):
+    target, draft, head = tiny_pair
+    config = SamplerConfig(max_new_tokens=12, do_sample=True, num_assistant_tokens=3)
+    for rule in ("static:0.3", "diversed"):
+        requests = [SampleRequest(PROMPT, rule, head=head if rule == "diversed" else None, seed=s) for s in range(4000)]
+        diffs = []
+        for result in sample_batched(target, draft, requests, config, batch_size=1024, return_trace=True):
+            t = result.trace
+            diffs.append(t.accepted.double() - (1.0 - t.w.double() * t.tv.double()))
+        d = torch.cat(diffs)
+        eps = math.sqrt(2 * math.log(2 / 1e-6) / d.numel())
+        assert abs(float(d.mean())) < eps, (rule, float(d.mean()), eps, d.numel())
+        if rule == "diversed":
+            assert float(torch.cat([r for r in diffs]).numel()) > 10000
