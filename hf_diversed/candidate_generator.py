@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._compat import AssistedCandidateGenerator, CandidateGenerator
+from ._compat import AssistedCandidateGenerator, CandidateGenerator, apply_draft_warpers_once
 
 
 class LastHiddenStateRecorder:
@@ -45,7 +45,9 @@ class DiversedCandidateGenerator(CandidateGenerator):
 
     After ``get_candidates``, ``draft_hidden_states`` is ``(B, gamma, D_draft)``: row t is the hidden state
     at the position that predicts drafted token t (it depends on the context only). Drafting, its
-    randomness, logits processors and ``num_assistant_tokens`` schedules are transformers' own.
+    randomness, logits processors and ``num_assistant_tokens`` schedules are transformers' own, with one
+    change: the draft samples from the target's logits processors (sampling warpers included) applied once to
+    its logits, where transformers' drafter applies the warpers twice (see ``_compat.apply_draft_warpers_once``).
     ``num_assistant_tokens`` / ``num_assistant_tokens_schedule``, when given, override the draft model's
     generation config for this call.
     """
@@ -71,6 +73,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             inputs_tensor=inputs_tensor,
             logits_processor=logits_processor,
         )
+        apply_draft_warpers_once(self.drafter)
         if num_assistant_tokens is not None:
             self.drafter.num_assistant_tokens = num_assistant_tokens
         if num_assistant_tokens_schedule is not None:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+import torch
 import transformers
+from conftest import build_tiny
+from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper
 
 from hf_diversed import _compat
 
@@ -63,3 +67,56 @@ def test_only_compat_imports_private_generation_modules():
         assert (
             "transformers.generation.utils" not in text and "transformers.generation.candidate_generator" not in text
         ), path
+
+
+def test_draft_warpers_apply_once():
+    """The drafter passes its ``generation_config`` to the draft's generate, whose ``_get_logits_processor``
+    appends warpers built from it after the custom list: ``apply_draft_warpers_once`` leaves none to build."""
+    draft = build_tiny("llama", hidden=32, layers=1, seed=3)
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.9,
+        min_p=0.1,
+        typical_p=0.9,
+        epsilon_cutoff=0.01,
+        eta_cutoff=0.01,
+        top_h=0.5,
+        renormalize_logits=True,
+        eos_token_id=1,
+        max_length=30,
+    )
+    ids = torch.tensor([[3, 4, 5]])
+    drafter = _compat.AssistedCandidateGenerator(ids, draft, config, {}, logits_processor=LogitsProcessorList())
+    assert drafter._prepare_generation_args(ids, 0, 2)["generation_config"] is drafter.generation_config
+
+    def built_by_draft_generate(generation_config) -> list[str]:
+        resolved, _ = draft._prepare_generation_config(generation_config)
+        draft._prepare_special_tokens(resolved, True, device=draft.device, batch_size=1)
+        processors = draft._get_logits_processor(
+            generation_config=resolved, input_ids_seq_length=3, device=draft.device, model_kwargs={}
+        )
+        return [type(p).__name__ for p in processors]
+
+    before = built_by_draft_generate(drafter.generation_config)
+    assert {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "LogitNormalization"} <= set(before)
+    _compat.apply_draft_warpers_once(drafter)
+    after = built_by_draft_generate(drafter.generation_config)
+    assert not [name for name in after if "Warper" in name or name == "LogitNormalization"], after
+    assert config.temperature == 0.7 and config.top_k == 20  # the target's config is untouched
+    # Custom processors are still used, once: the draft's generate merges them in.
+    merged = draft._merge_criteria_processor_list(
+        LogitsProcessorList(), LogitsProcessorList([TemperatureLogitsWarper(0.7)])
+    )
+    assert [type(p).__name__ for p in merged] == ["TemperatureLogitsWarper"]
+
+    # A min_p on the draft's own generation_config would fill the None: it becomes the no-op 0.0.
+    draft.generation_config.min_p = 0.2
+    drafter = _compat.AssistedCandidateGenerator(ids, draft, config, {}, logits_processor=LogitsProcessorList())
+    _compat.apply_draft_warpers_once(drafter)
+    assert drafter.generation_config.min_p == 0.0
+    draft.generation_config.top_h = 0.5
+    drafter = _compat.AssistedCandidateGenerator(ids, draft, config, {}, logits_processor=LogitsProcessorList())
+    with pytest.warns(UserWarning, match="sets top_h"):
+        _compat.apply_draft_warpers_once(drafter)

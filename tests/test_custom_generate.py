@@ -114,8 +114,9 @@ def test_custom_generate_receives_diversed_head_when_hf_diversed_is_imported(lla
 def test_sampling_draws_equal_hf_diversed_under_the_same_seed(llama_pair, head_dir, options):
     """Same random draws in the same order: the draft's multinomials, the acceptance uniforms, the resample.
 
-    This pins two properties of transformers' assisted drafting that hf-diversed inherits (and generate.py
-    reproduces): the draft's sampling warpers apply twice, and generated pad tokens leave the draft's context.
+    This pins two properties of hf-diversed's drafting that generate.py reproduces: the draft's sampling warpers
+    apply once (transformers' own drafter applies them twice), and generated pad tokens leave the draft's
+    context (inherited from transformers' drafter).
     """
     target, draft = llama_pair
     for i, ids in enumerate(prompts(2)):

@@ -11,9 +11,9 @@ runs without hf-diversed installed::
 
 The maths. ``p_t`` is the target's and ``q_t`` the draft's next-token distribution at position ``t``, after
 the logits processors (repetition penalty; with sampling also temperature, top-k, top-p, in transformers'
-order; ``q_t`` is computed exactly as transformers' assisted drafting computes it, see ``DRAFT_WARPERS_TWICE``
-and ``DRAFT_MASKS_PAD_TOKENS``). The ensemble head maps the two models' last hidden states at the position that
-predicts token ``t`` (the inputs of their LM heads) to a weight::
+order), applied once to each model's logits, as in hf-diversed (transformers' own assisted drafting applies the
+sampling warpers to the draft twice); see also ``DRAFT_MASKS_PAD_TOKENS``. The ensemble head maps the two models'
+last hidden states at the position that predicts token ``t`` (the inputs of their LM heads) to a weight::
 
     z_t = f([n(h_draft_t); n(h_target_t)])                 n: RMS norm (if normalize_features), f: Linear or
     w_t = w0 + tanh(z_t) * (1 - w0 if z_t > 0 else w0)    Linear-SiLU-Linear, all in float32, w_t in [0, 1]
@@ -66,9 +66,6 @@ HEAD_REPO_ID = "__DIVERSED_HEAD_REPO_ID__"
 _PLACEHOLDER = "__DIVERSED_" + "HEAD_REPO_ID__"  # spelled apart, so that the exporter rewrites only the line above
 
 DEFAULT_NUM_ASSISTANT_TOKENS = 5
-# As transformers 5.23's assisted generation and hf-diversed: with sampling, the draft's logits go through the
-# temperature / top-k / top-p warpers twice (see ``_settings``). False applies them once, as to the target.
-DRAFT_WARPERS_TWICE = True
 # As transformers 5.23's assisted generation and hf-diversed: each round the draft's generate call infers an
 # attention mask from its input, so tokens equal to pad_token_id (when it differs from EOS) are masked out of
 # the draft's context. False lets the draft attend to every token.
@@ -478,10 +475,6 @@ def _settings(
         if config.top_p is not None and config.top_p < 1.0:
             warpers.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
     processors.extend(warpers)
-    # transformers' assisted drafting (which hf-diversed uses) hands the target's processors, warpers included,
-    # to the draft's own generate call, which merges them with its default processors and then appends its
-    # sampling warpers once more: q_t is the draft's distribution after the warpers applied twice.
-    draft_processors = LogitsProcessorList([*processors, *(warpers if DRAFT_WARPERS_TWICE else [])])
     pad = config.pad_token_id
     pad = pad[0] if isinstance(pad, (list, tuple)) else pad
     draft_pad = pad if DRAFT_MASKS_PAD_TOKENS and pad is not None and pad not in eos else None
@@ -489,8 +482,7 @@ def _settings(
         "max_length": max_length,
         "do_sample": do_sample,
         "eos": torch.tensor(eos, dtype=torch.long, device=model.device),
-        "processors": processors,
-        "draft_processors": draft_processors,
+        "processors": processors,  # applied once to the target's and to the draft's logits, as hf-diversed does
         "pad_token_id": pad if pad is not None and pad not in eos else None,
         "draft_pad_token_id": draft_pad,
         "num_assistant_tokens": _draft_length(user_kwargs, generation_config, draft),
@@ -582,7 +574,7 @@ def _draft(
         if mask is not None:
             mask = torch.cat([mask, mask.new_ones(1, ids.shape[1] - mask.shape[1])], dim=-1)
         logits, h = runner.forward(ids, 1, mask)
-        step_scores = settings["draft_processors"](ids, logits[:, -1])
+        step_scores = settings["processors"](ids, logits[:, -1])
         if settings["do_sample"]:
             token = torch.multinomial(step_scores.softmax(-1), num_samples=1).squeeze(1)
         else:
