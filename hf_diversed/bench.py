@@ -1,9 +1,11 @@
 """``hf-diversed bench``: Spec-Bench-style speed / acceptance / quality benchmark of decoding methods.
 
-Protocol (Spec-Bench): batch size 1, every method timed on the same machine in the same run, speedup =
-tokens/s of a method / tokens/s of autoregressive decoding ("ar") on the same task and temperature,
-mean accepted tokens per round counting the bonus (correction) token, acceptance rate = accepted /
-drafted, plus the task's quality metric on every completion.
+Two engines. Quality, acceptance (accepted / drafted), accepted tokens per round (counting the bonus token),
+mean w and TV come from the batched law-exact sampler (:mod:`hf_diversed.batched`) on every example: the
+sequences it draws have exactly the law of the real loop's. Speed comes from the real batch-1 loop on the
+first ``--timed-examples`` examples (Spec-Bench: every method timed on the same machine in the same run,
+speedup = tokens/s of a method / tokens/s of autoregressive decoding, "ar"). Each record says which engine
+produced it (``engine``: ``sampler`` or ``loop``), and the summary which column came from which.
 
 Every generation is one JSON line in ``<output-dir>/results.jsonl`` (written and fsync-ed as soon as it
 finishes); a rerun first reads that file and skips what is already there, so a killed run resumes where it
@@ -44,6 +46,7 @@ __all__ = [
     "add_arguments",
     "analytic_speedup",
     "config_from_args",
+    "tau_speedup",
     "expand_methods",
     "load_records",
     "main",
@@ -219,7 +222,9 @@ class BenchConfig:
 
     Attributes mirror the command-line options (``--num-examples`` -> ``num_examples``, ...). ``methods``
     holds method labels (see :func:`expand_methods`), ``temperatures`` and ``num_assistant_tokens`` are
-    tuples (each value is a separate setting), ``ar_examples`` defaults to ``min(num_examples, 20)``.
+    tuples (each value is a separate setting). The first ``timed_examples`` examples (``ar_examples`` for the
+    target alone, default the same) are also timed with the real loop; ``dtype="auto"`` resolves to bf16 where
+    the CPU has fast bf16, else float32.
     """
 
     target: str = "qwen2.5-coder-1.5b-instruct"
@@ -234,8 +239,10 @@ class BenchConfig:
     max_new_tokens: int = 128
     num_examples: int = 20
     ar_examples: int | None = None
+    timed_examples: int = 10
+    batch_size: int = 32
     seed: int = 0
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     threads: int | None = None
     output_dir: str = "bench_out"
     data_dir: str | None = None
@@ -309,14 +316,25 @@ class BenchConfig:
             if not isinstance(value, int) or value < 1:
                 option = "--" + name.replace("_", "-")
                 raise BenchError(f"{option} must be a positive integer; got {value!r}.")
-        if self.ar_examples is None:
-            self.ar_examples = min(self.num_examples, 20)
-        if not isinstance(self.ar_examples, int) or not 1 <= self.ar_examples <= self.num_examples:
+        if not isinstance(self.timed_examples, int) or not 0 <= self.timed_examples <= self.num_examples:
             raise BenchError(
-                f"--ar-examples must be between 1 and --num-examples ({self.num_examples}); got {self.ar_examples!r}."
+                f"--timed-examples must be between 0 and --num-examples ({self.num_examples}); "
+                f"got {self.timed_examples!r}."
             )
-        if self.dtype not in ("bfloat16", "float32", "float16"):
-            raise BenchError(f"--dtype must be bfloat16 or float32; got {self.dtype!r}.")
+        if self.ar_examples is None:
+            self.ar_examples = self.timed_examples
+        if not isinstance(self.ar_examples, int) or not 0 <= self.ar_examples <= self.num_examples:
+            raise BenchError(
+                f"--ar-examples must be between 0 and --num-examples ({self.num_examples}); got {self.ar_examples!r}."
+            )
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise BenchError(f"--batch-size must be a positive integer (rows the sampler decodes together); "
+                             f"got {self.batch_size!r}.")  # fmt: skip
+        from .dtypes import DTYPE_CHOICES, resolve_dtype
+
+        if self.dtype not in DTYPE_CHOICES:
+            raise BenchError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}; got {self.dtype!r}.")
+        self.dtype = resolve_dtype(self.dtype)
         if self.threads is not None and self.threads < 1:
             raise BenchError(f"--threads must be >= 1 (or left out for all cores); got {self.threads!r}.")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
@@ -366,18 +384,27 @@ class BenchConfig:
 
 KEY_FIELDS = (
     "task", "split", "temperature", "method", "example_index", "N", "max_new_tokens",
-    "target", "draft", "dtype", "seed", "head", "lora_draft",
+    "target", "draft", "dtype", "seed", "head", "lora_draft", "engine",
 )  # fmt: skip
+ENGINES = ("sampler", "loop")  # the batched law-exact sampler; the real batch-1 loop (timed)
 
 
 def record_key(record: dict) -> tuple:
-    """What makes a record unique: a rerun skips every planned generation whose key is already on disk."""
-    return tuple(float(record[k]) if k == "temperature" else record.get(k) for k in KEY_FIELDS)
+    """What makes a record unique: a rerun skips every planned generation whose key is already on disk.
+
+    Records written before engines existed came from the real loop."""
+    return tuple(
+        float(record[k]) if k == "temperature" else record.get(k, "loop") if k == "engine" else record.get(k)
+        for k in KEY_FIELDS
+    )
 
 
-def _plan_key(config: BenchConfig, task: str, temperature: float, method: BenchMethod, index: int, n: int) -> tuple:
+def _plan_key(
+    config: BenchConfig, task: str, temperature: float, method: BenchMethod, index: int, n: int, engine: str
+) -> tuple:
     return record_key(
         {
+            "engine": engine,
             "task": task,
             "split": config.split,
             "temperature": temperature,
@@ -458,6 +485,16 @@ def analytic_speedup(alpha: float | None, gamma: int, c: float | None, v: float 
         return None
     tokens = gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
     return tokens / (gamma * c + v)
+
+
+def tau_speedup(tau: float | None, gamma: int, c: float | None, v: float = 1.0) -> float | None:
+    """Speedup from the measured tokens per round τ (accepted + bonus): τ / (γ·c + v).
+
+    Unlike :func:`analytic_speedup` it needs no i.i.d. assumption: acceptance is bursty, so the i.i.d. form
+    under-predicts τ."""
+    if tau is None or c is None or v is None or not (math.isfinite(tau) and math.isfinite(c)):
+        return None
+    return tau / (gamma * c + v)
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -677,16 +714,26 @@ def run_bench(config: BenchConfig) -> dict:
     methods = [BenchMethod(label) for label in config.methods]
     done = {record_key(r) for r in load_records(results_path)}
 
-    plan = []  # (key, task, temperature, method, index, n), examples outermost so machine drift hits all alike
+    # (key, task, temperature, method, index, n, engine): the timed loop first, examples outermost so machine
+    # drift hits all methods alike; then every example through the sampler.
+    plan = []
     for task_name in config.tasks:
         for temperature in config.temperatures:
             for index in range(len(rows[task_name])):
                 for method in methods:
-                    if method.label == "ar" and index >= config.ar_examples:
+                    if index >= (config.ar_examples if method.label == "ar" else config.timed_examples):
                         continue
                     for n in config.num_assistant_tokens if method.uses_draft else (None,):
-                        key = _plan_key(config, task_name, temperature, method, index, n)
-                        plan.append((key, task_name, temperature, method, index, n))
+                        key = _plan_key(config, task_name, temperature, method, index, n, "loop")
+                        plan.append((key, task_name, temperature, method, index, n, "loop"))
+    for task_name in config.tasks:
+        for temperature in config.temperatures:
+            for n in config.num_assistant_tokens:
+                for index in range(len(rows[task_name])):
+                    for method in methods:
+                        if method.has_stats:
+                            key = _plan_key(config, task_name, temperature, method, index, n, "sampler")
+                            plan.append((key, task_name, temperature, method, index, n, "sampler"))
     planned_keys = {p[0] for p in plan}
     todo = [p for p in plan if p[0] not in done]
     _log(config, f"{len(plan)} generations planned, {len(plan) - len(todo)} already in {results_path}, "
@@ -735,67 +782,123 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
             seed=seed,
         )  # fmt: skip
 
-    if config.warmup and todo:  # one short generation per method: first-call allocations are not timed
-        for label in dict.fromkeys(p[3].label for p in todo):
+    loop_todo = [p for p in todo if p[6] == "loop"]
+    sampler_todo = [p for p in todo if p[6] == "sampler"]
+    if config.warmup and loop_todo:  # one short generation per method: first-call allocations are not timed
+        for label in dict.fromkeys(p[3].label for p in loop_todo):
             method = BenchMethod(label)
             generate(method, warm_ids, max_new_tokens=8, temperature=config.temperatures[0],
                      n=config.num_assistant_tokens[0] if method.uses_draft else None, seed=config.seed)  # fmt: skip
+
+    from .dtypes import cpu_capability
 
     environment = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.node(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # AVX2 vs AVX512: bf16 speed differs a lot
+        "cpu_capability": cpu_capability(),  # AVX2 vs AVX512(+bf16): bf16 speed differs a lot
     }
     writer = _Appender(results_path)
     prompts: dict[tuple[str, int], tuple[Any, str]] = {}
+
+    def prompt(task_name: str, index: int):
+        if (task_name, index) not in prompts:
+            prompts[task_name, index] = _prompt_ids(tokenizer, get_task(task_name), rows[task_name][index])
+        return prompts[task_name, index]
+
+    def write(task_name, index, temperature, method, n, engine, new_tokens, seconds, stats, extra=None):
+        task, row = get_task(task_name), rows[task_name][index]
+        input_ids, prompt_text = prompt(task_name, index)
+        completion = tokenizer.decode(new_tokens, skip_special_tokens=True)
+        columns = {col: [row[col]] for col in task.reward_columns}
+        quality = float(task.reward([prompt_text], [completion], **columns)[0])
+        writer.write(
+            {
+                "schema": SCHEMA_VERSION,
+                "engine": engine,
+                "task": task_name,
+                "split": config.split,
+                "example_index": index,
+                "example_id": _example_id(row, index),
+                "temperature": float(temperature),
+                "method": method.label,
+                "N": n,
+                "max_new_tokens": config.max_new_tokens,
+                "target": config.target_id,
+                "draft": config.draft_id if method.uses_draft else None,
+                "head": config.head_id if method.label == "diversed" else None,
+                "lora_draft": config.lora_id if method.lora else None,
+                "dtype": config.dtype,
+                "seed": config.seed,
+                "sample_seed": config.seed + index,
+                "prompt_tokens": int(input_ids.shape[1]),
+                "new_tokens": len(new_tokens),
+                "seconds": seconds,
+                "tokens_per_s": len(new_tokens) / seconds if seconds else None,
+                **_stats_fields(stats),
+                "metric": task.metric_name,
+                "quality": quality,
+                "completion": completion,
+                **(extra or {}),
+                **environment,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        )
+
     try:
-        bar = tqdm(todo, desc="bench", unit="gen", disable=not config.progress, dynamic_ncols=True)
-        for _key, task_name, temperature, method, index, n in bar:
+        bar = tqdm(loop_todo, desc="bench (timed loop)", unit="gen", disable=not config.progress, dynamic_ncols=True)
+        for _key, task_name, temperature, method, index, n, _engine in bar:
             bar.set_postfix_str(f"{task_name} T={temperature:g} {method.label}" + (f" N={n}" if n else ""))
-            task, row = get_task(task_name), rows[task_name][index]
-            if (task_name, index) not in prompts:
-                prompts[task_name, index] = _prompt_ids(tokenizer, task, row)
-            input_ids, prompt_text = prompts[task_name, index]
-            sample_seed = config.seed + index
+            input_ids, _ = prompt(task_name, index)
             record = generate(method, input_ids, max_new_tokens=config.max_new_tokens, temperature=temperature,
-                              n=n, seed=sample_seed)  # fmt: skip
-            completion = tokenizer.decode(record.new_tokens, skip_special_tokens=True)
-            columns = {col: [row[col]] for col in task.reward_columns}
-            quality = float(task.reward([prompt_text], [completion], **columns)[0])
-            writer.write(
-                {
-                    "schema": SCHEMA_VERSION,
-                    "task": task_name,
-                    "split": config.split,
-                    "example_index": index,
-                    "example_id": _example_id(row, index),
-                    "temperature": float(temperature),
-                    "method": method.label,
-                    "N": n,
-                    "max_new_tokens": config.max_new_tokens,
-                    "target": config.target_id,
-                    "draft": config.draft_id if method.uses_draft else None,
-                    "head": config.head_id if method.label == "diversed" else None,
-                    "lora_draft": config.lora_id if method.lora else None,
-                    "dtype": config.dtype,
-                    "seed": config.seed,
-                    "sample_seed": sample_seed,
-                    "prompt_tokens": int(input_ids.shape[1]),
-                    "new_tokens": len(record.new_tokens),
-                    "seconds": record.seconds,
-                    "tokens_per_s": record.tokens_per_second,
-                    **_stats_fields(record.stats),
-                    "metric": task.metric_name,
-                    "quality": quality,
-                    "completion": completion,
-                    **environment,
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                }
-            )
+                              n=n, seed=config.seed + index)  # fmt: skip
+            write(task_name, index, temperature, method, n, "loop", record.new_tokens, record.seconds, record.stats)
         bar.close()
+        if sampler_todo:
+            _run_sampler(config, sampler_todo, prompt, write, target, draft, lora, head)
     finally:
         writer.close()
+
+
+def _run_sampler(config, todo, prompt, write, target, draft, lora, head) -> None:
+    """Every planned (example, method) through the batched sampler, one call per task, temperature, N and draft;
+    records are written as sequences finish, so a killed run keeps them."""
+    from tqdm.auto import tqdm
+
+    from .batched import SamplerConfig, SampleRequest, sample_batched
+
+    groups: dict[tuple, list] = defaultdict(list)
+    for item in todo:
+        _key, task_name, temperature, method, index, n, _engine = item
+        groups[task_name, temperature, n, method.lora].append(item)
+    bar = tqdm(total=len(todo), desc="bench (sampler)", unit="seq", disable=not config.progress, dynamic_ncols=True)
+    for (task_name, temperature, n, lora_group), items in groups.items():
+        sampler_config = SamplerConfig(
+            max_new_tokens=config.max_new_tokens, do_sample=temperature > 0, temperature=temperature or 1.0,
+            top_k=0, top_p=1.0, repetition_penalty=1.0, num_assistant_tokens=n,
+        )  # fmt: skip
+        requests = []
+        for _key, _task, _t, method, index, _n, _engine in items:
+            rule = "exact" if method.lora else method.label
+            requests.append(
+                SampleRequest(
+                    prompt(task_name, index)[0],
+                    rule,
+                    head=head if rule == "diversed" else None,
+                    seed=config.seed + index,
+                    tag=(method, index),
+                )  # fmt: skip
+            )
+        model = lora if lora_group else draft
+        model.generation_config.assistant_confidence_threshold = 0.0  # N drafted tokens a round, as timed
+        bar.set_postfix_str(f"{task_name} T={temperature:g} N={n}")
+        for result in sample_batched(target, model, requests, sampler_config, batch_size=config.batch_size):
+            method, index = result.tag
+            extra = {"finish_reason": result.finish_reason,
+                     "verified_acceptance_rate": result.stats.verified_acceptance_rate}  # fmt: skip
+            write(task_name, index, temperature, method, n, "sampler", result.completion_ids, None, result.stats, extra)
+            bar.update(1)
+    bar.close()
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -831,42 +934,64 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
     for record in records:
         groups[tuple(record.get(k) for k in GROUP_FIELDS)].append(record)
     method_at = GROUP_FIELDS.index("method")
-    ar_groups = {key[: len(AR_FIELDS)]: recs for key, recs in groups.items() if key[method_at] == "ar"}
+
+    def loop(recs):
+        return [r for r in recs if r.get("engine", "loop") == "loop"]
+
+    ar_groups = {key[: len(AR_FIELDS)]: loop(recs) for key, recs in groups.items() if key[method_at] == "ar"}
+    # The target alone has exact SD's law: its quality is exact SD's sampled quality (same examples and seeds).
+    exact_sampled = {
+        key[: len(AR_FIELDS)]: [r for r in recs if r.get("engine") == "sampler"]
+        for key, recs in sorted(groups.items(), key=lambda kv: str(kv[0]))
+        if key[method_at] == "exact"
+    }
 
     rows = []
     for key, recs in groups.items():
         recs = sorted(recs, key=lambda r: r["example_index"])
         row = dict(zip(GROUP_FIELDS, key, strict=True))
+        timed = loop(recs)
+        sampled = [r for r in recs if r.get("engine") == "sampler"]
+        if row["method"] == "ar" and exact_sampled.get(key[: len(AR_FIELDS)]):
+            sampled, row["quality_from"] = exact_sampled[key[: len(AR_FIELDS)]], "sampler (exact SD: same law)"
+        else:
+            row["quality_from"] = "sampler" if sampled else "loop"
+        measured = sampled or timed  # quality and acceptance: the full sample where the sampler ran
         scale = 1.0 if recs[0].get("metric") == "rouge2" else 100.0
-        tokens = sum(r["new_tokens"] for r in recs)
-        seconds = sum(r["seconds"] for r in recs)
+        tokens = sum(r["new_tokens"] for r in timed)
+        seconds = sum(r["seconds"] or 0.0 for r in timed)
         tps = tokens / seconds if seconds > 0 else None
-        quality = _finite(r.get("quality") for r in recs)
-        per_tps = _finite(r.get("tokens_per_s") for r in recs)
+        quality = _finite(r.get("quality") for r in measured)
+        per_tps = _finite(r.get("tokens_per_s") for r in timed)
         row.update(
-            n=len(recs), metric=recs[0].get("metric"), new_tokens=tokens, seconds=seconds, tokens_per_s=tps,
-            tokens_per_s_std=_std(per_tps),
+            n=len(measured), n_timed=len(timed), metric=recs[0].get("metric"), new_tokens=tokens, seconds=seconds,
+            tokens_per_s=tps, tokens_per_s_std=_std(per_tps),
             quality=None if not quality else _mean(quality) * scale,
             quality_stderr=None if len(quality) < 2 else _std(quality) * scale / math.sqrt(len(quality)),
-            truncated_rate=sum(r["new_tokens"] >= r["max_new_tokens"] for r in recs) / len(recs),
+            truncated_rate=sum(r["new_tokens"] >= r["max_new_tokens"] for r in measured) / len(measured),
         )  # fmt: skip
-        with_stats = [r for r in recs if r.get("drafted") is not None]
+        own = [r for r in recs if r.get("engine") == "sampler"] or timed
+        with_stats = [r for r in own if r.get("drafted") is not None]
         if with_stats:
             drafted = sum(r["drafted"] for r in with_stats)
             accepted = sum(r["accepted"] for r in with_stats)
             rounds = sum(r["rounds"] for r in with_stats)
             verified = sum(r.get("verified") or 0 for r in with_stats)
             weight = sum(r.get("weight_sum") or 0.0 for r in with_stats)
+            tv = sum((r.get("mean_tv") or 0.0) * (r.get("verified") or 0) for r in with_stats)
             row.update(
                 drafted=drafted, accepted=accepted, rounds=rounds,
                 acceptance_rate=accepted / drafted if drafted else None,
+                verified_acceptance_rate=accepted / verified if verified else None,
                 acceptance_std=_std(_finite(r.get("acceptance_rate") for r in with_stats)),
                 mean_accepted_per_round=(accepted + rounds) / rounds if rounds else None,
                 mean_weight=weight / verified if verified else None,
+                mean_tv=tv / verified if verified else None,
             )  # fmt: skip
         else:
             row.update(drafted=None, accepted=None, rounds=None, acceptance_rate=None, acceptance_std=None,
-                       mean_accepted_per_round=None, mean_weight=None)  # fmt: skip
+                       verified_acceptance_rate=None, mean_accepted_per_round=None, mean_weight=None,
+                       mean_tv=None)  # fmt: skip
 
         ar = ar_groups.get(key[: len(AR_FIELDS)])
         row["n_ar"] = len(ar) if ar else 0
@@ -877,7 +1002,7 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
                 row["ar_tokens_per_s"] = ar_tokens / ar_seconds
                 row["speedup"] = tps / row["ar_tokens_per_s"]
             ar_by_index = {r["example_index"]: r for r in ar}
-            common = [r for r in recs if r["example_index"] in ar_by_index]
+            common = [r for r in timed if r["example_index"] in ar_by_index]
             m_tok, m_sec = sum(r["new_tokens"] for r in common), sum(r["seconds"] for r in common)
             a_tok = sum(ar_by_index[r["example_index"]]["new_tokens"] for r in common)
             a_sec = sum(ar_by_index[r["example_index"]]["seconds"] for r in common)
@@ -886,12 +1011,16 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
 
         cost = costs.get(_costs_key(row["target"], row["draft"], row["dtype"])) if row["draft"] else None
         row["analytic_speedup"] = row["analytic_speedup_v1"] = row["c"] = row["v"] = None
+        row["tau_speedup"] = row["tau_speedup_v1"] = None
         if cost and row["acceptance_rate"] is not None and row["N"]:
             v = (cost.get("v") or {}).get(str(row["N"]))
-            row.update(c=cost.get("c"), v=v)
-            row["analytic_speedup_v1"] = analytic_speedup(row["acceptance_rate"], row["N"], cost.get("c"), 1.0)
+            c, tau = cost.get("c"), row["mean_accepted_per_round"]
+            row.update(c=c, v=v)
+            row["analytic_speedup_v1"] = analytic_speedup(row["acceptance_rate"], row["N"], c, 1.0)
+            row["tau_speedup_v1"] = tau_speedup(tau, row["N"], c, 1.0)
             if v is not None:
-                row["analytic_speedup"] = analytic_speedup(row["acceptance_rate"], row["N"], cost.get("c"), v)
+                row["analytic_speedup"] = analytic_speedup(row["acceptance_rate"], row["N"], c, v)
+                row["tau_speedup"] = tau_speedup(tau, row["N"], c, v)
         rows.append(row)
 
     order = {name: i for i, name in enumerate(DEFAULT_TASKS)}
@@ -950,6 +1079,7 @@ def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: s
         ),
         "assumptions": ASSUMPTIONS,
         "config": config,
+        "cpu_capabilities": sorted({str(r.get("cpu_capability")) for r in records if r.get("cpu_capability")}),
         "costs": costs or {},
         "rows": rows,
     }
@@ -994,47 +1124,65 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
     if fixed:
         lines += ["; ".join(fixed), ""]
     extra_cols = [f for f in fields if vary[f]]
-    header = ["task", "T", *extra_cols, "method", "N", "n", "tok/s", "speedup", "analytic (v=1)",
-              "acceptance", "accepted/round", "mean w", "quality (×100)", "cut at max", "tok/s std",
-              "acc. std"]  # fmt: skip
+    header = ["task", "T", *extra_cols, "method", "N", "n", "quality (×100)", "acceptance", "per position",
+              "accepted/round", "mean w", "mean TV", "cut at max", "n timed", "tok/s", "speedup",
+              "τ model (v=1)", "i.i.d. model (v=1)"]  # fmt: skip
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     any_fewer = False
+
+    def pct(x):
+        return _fmt(None if x is None else 100 * x, ".1f", "%")
+
+    def model(a, b):
+        return "-" if b is None else f"{_fmt(a, '.2f', '×')} ({_fmt(b, '.2f', '×')})"
+
     for r in rows:
         speed = _fmt(r["speedup"], ".2f", "×")
-        if r["method"] != "ar" and r["speedup"] is not None and r["n_ar"] != r["n"]:
+        if r["method"] != "ar" and r["speedup"] is not None and r["n_ar"] != r["n_timed"]:
             speed += f" (ar n={r['n_ar']}; matched {_fmt(r['speedup_matched'], '.2f', '×')})"
             any_fewer = True
-        analytic = "-"
-        if r.get("analytic_speedup_v1") is not None:
-            analytic = f"{_fmt(r.get('analytic_speedup'), '.2f', '×')} ({_fmt(r['analytic_speedup_v1'], '.2f', '×')})"
         quality = _fmt(r["quality"], ".1f")
         if r["quality_stderr"] is not None:
             quality += f" ± {r['quality_stderr']:.1f}"
+        if r.get("quality_from", "").startswith("sampler (exact"):
+            quality += " ᵉ"
+        elif r.get("quality_from") == "loop":
+            quality += " ˡ"
         cells = [r["task"], f"{r['temperature']:g}", *[_short(_str(r.get(c))) for c in extra_cols], r["method"],
-                 _fmt(r["N"], "d"), str(r["n"]), _fmt(r["tokens_per_s"], ".2f"), speed, analytic,
-                 _fmt(None if r["acceptance_rate"] is None else 100 * r["acceptance_rate"], ".1f", "%"),
-                 _fmt(r["mean_accepted_per_round"], ".2f"), _fmt(r["mean_weight"], ".2f"), quality,
-                 _fmt(100 * r["truncated_rate"], ".0f", "%"), _fmt(r["tokens_per_s_std"], ".2f"),
-                 _fmt(None if r["acceptance_std"] is None else 100 * r["acceptance_std"], ".1f", "%")]  # fmt: skip
+                 _fmt(r["N"], "d"), str(r["n"]), quality, pct(r["acceptance_rate"]),
+                 pct(r.get("verified_acceptance_rate")), _fmt(r["mean_accepted_per_round"], ".2f"),
+                 _fmt(r["mean_weight"], ".2f"), _fmt(r.get("mean_tv"), ".3f"),
+                 _fmt(100 * r["truncated_rate"], ".0f", "%"),
+                 str(r.get("n_timed", r["n"])), _fmt(r["tokens_per_s"], ".2f"), speed,
+                 model(r.get("tau_speedup"), r.get("tau_speedup_v1")),
+                 model(r.get("analytic_speedup"), r.get("analytic_speedup_v1"))]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    capabilities = sorted({str(c) for c in summary.get("cpu_capabilities") or [] if c})
     lines += [
+        "",
+        "Engines. Quality, acceptance, per-position acceptance, accepted/round, mean w, mean TV and cut at max come "
+        "from the batched law-exact sampler (`hf_diversed.batched`) over the `n` examples: its sequences have the "
+        "real loop's law. `n timed`, tok/s and speedup come from the real batch-1 loop on the first examples "
+        "(Spec-Bench protocol). ᵉ: the target alone has exact SD's law, so its quality is exact SD's sampled "
+        "quality. ˡ: from the real loop (records without a sampler run)."
+        + (f" CPU: {', '.join(capabilities)}." if capabilities else ""),
         "",
         "Speedup: tokens/s of the method / tokens/s of `ar` on the same task and temperature (pooled: total "
         "tokens / total seconds)."
         + (
-            " Where `ar` ran on fewer examples than the method (`--ar-examples`), the cell says so and gives "
+            " Where `ar` was timed on fewer examples than the method, the cell says so and gives "
             "the speedup on the examples both ran ('matched')."
             if any_fewer
             else ""
         ),
-        "Acceptance: accepted / drafted tokens; accepted/round counts the bonus (correction) token. Native "
-        "transformers methods report no acceptance counts. Quality: task metric ×100 (ROUGE-2 F1 is already "
-        "×100) ± standard error over examples. Cut at max: share of completions that reached --max-new-tokens "
-        "(truncated; a high share makes the quality column unreliable, e.g. GSM8K needs ~256+ tokens). "
-        "Std columns: spread of per-example tokens/s and acceptance.",
+        "Acceptance: accepted / drafted tokens (drafts thrown away after a rejection count as drafted, the "
+        "Spec-Bench figure); per position: accepted / verified. Accepted/round counts the bonus (correction) "
+        "token. Quality: task metric ×100 (ROUGE-2 F1 is already ×100) ± standard error over examples. Cut at "
+        "max: share of completions that reached --max-new-tokens.",
         "",
-        f"Analytic column: measured v (and v=1 in parentheses). {summary.get('assumptions', '')}",
+        "Speed models, with measured v (and v = 1 in parentheses): τ model = τ / (N·c + v) with τ the measured "
+        f"accepted/round; i.i.d. model: {summary.get('assumptions', '')}",
     ]
     costs = summary.get("costs") or {}
     if costs:
@@ -1079,9 +1227,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--temperature", default="1", metavar="T[,T...]", help="0 = greedy, 1 = plain sampling (default 1)")
     add("--max-new-tokens", type=int, default=128)
     add("--num-examples", type=int, default=20, help="first K rows of each task (default %(default)s)")
-    add("--ar-examples", type=int, default=None, help="rows for the ar baseline (default min(num-examples, 20))")
+    add("--timed-examples", type=int, default=10, help="first K rows also timed with the real batch-1 loop, per "
+                                                         "method (default %(default)s; 0: no timing)")  # fmt: skip
+    add("--ar-examples", type=int, default=None, help="rows timed for the ar baseline (default: --timed-examples)")
+    add("--batch-size", type=int, default=32, help="rows the batched sampler decodes together (default %(default)s)")
     add("--seed", type=int, default=0, help="example i samples with seed + i, the same for every method")
-    add("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+        help="auto: bfloat16 where the CPU has AVX512-BF16/AMX (or on CUDA), else float32")  # fmt: skip
     add("--threads", type=int, default=None, help="torch threads (default: all cores)")
     add("--output-dir", default="bench_out", help="results.jsonl, summary.json, results.md, plots")
     add("--summarize-only", action="store_true", help="only rebuild the summary from --output-dir/results.jsonl")
@@ -1103,6 +1255,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         methods=methods, head=args.head, lora_draft=args.lora_draft,
         num_assistant_tokens=args.num_assistant_tokens, temperatures=args.temperature,
         max_new_tokens=args.max_new_tokens, num_examples=args.num_examples, ar_examples=args.ar_examples,
+        timed_examples=min(args.timed_examples, args.num_examples), batch_size=args.batch_size,
         seed=args.seed, dtype=args.dtype, threads=args.threads, output_dir=args.output_dir,
         data_dir=args.data_dir, summarize_only=args.summarize_only, warmup=not args.no_warmup,
         measure_costs=not args.no_costs, progress=not args.quiet, command=command,

@@ -53,8 +53,8 @@ def _argv(setup, out: Path, *extra: str, examples: int = 2) -> list[str]:
         "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
         "--tasks", "gsm8k,mbpp", "--methods", "ar,exact,lossy:0.5,cascade-opt:0.2,diversed",
         "--static-sweep", "0.3,0.7", "--head", str(setup["head"]), "--num-examples", str(examples),
-        "--max-new-tokens", "8", "--temperature", "1", "--dtype", "float32", "--threads", "1",
-        "--output-dir", str(out), "-q", *extra,
+        "--timed-examples", "1", "--batch-size", "4", "--max-new-tokens", "8", "--temperature", "1",
+        "--dtype", "float32", "--threads", "1", "--output-dir", str(out), "-q", *extra,
     ]  # fmt: skip
 
 
@@ -62,20 +62,31 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+SAMPLED = [m for m in METHODS if m != "ar"]
+
+
 def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
+    """Every example through the sampler (quality, acceptance), the first one also timed with the real loop."""
     out = tmp_path / "out"
     assert bench.main(_argv(setup, out)) == 0
 
     results = out / bench.RESULTS_FILE
     records = _lines(results)
-    assert len(records) == 2 * 2 * len(METHODS)  # tasks x examples x methods
-    assert {r["method"] for r in records} == set(METHODS)
+    loop = [r for r in records if r["engine"] == "loop"]
+    sampled = [r for r in records if r["engine"] == "sampler"]
+    assert len(loop) == 2 * 1 * len(METHODS)  # tasks x timed examples x methods
+    assert len(sampled) == 2 * 2 * len(SAMPLED)  # tasks x examples x methods with a draft
+    assert {r["method"] for r in sampled} == set(SAMPLED)
     assert len({bench.record_key(r) for r in records}) == len(records)
     for r in records:
         assert r["task"] in ("gsm8k", "mbpp") and r["example_index"] in (0, 1)
-        assert 0 < r["new_tokens"] <= 8 and r["seconds"] > 0 and r["tokens_per_s"] > 0
-        assert r["sample_seed"] == r["example_index"]
+        assert 0 < r["new_tokens"] <= 8 and r["sample_seed"] == r["example_index"]
         assert r["quality"] in (0.0, 1.0) and isinstance(r["completion"], str)
+        assert r["dtype"] == "float32" and r["cpu_capability"]
+        if r["engine"] == "loop":
+            assert r["seconds"] > 0 and r["tokens_per_s"] > 0 and r["example_index"] == 0
+        else:
+            assert r["seconds"] is None and r["finish_reason"] in ("eos", "length")
         if r["method"] == "ar":
             assert r["N"] is None and r["draft"] is None and r["drafted"] is None
         else:
@@ -88,24 +99,35 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     assert len(rows) == 2 * len(METHODS)
     assert {(r["task"], r["method"]) for r in rows} == {(t, m) for t in ("gsm8k", "mbpp") for m in METHODS}
     for row in rows:
-        assert row["n"] == 2 and row["n_ar"] == 2 and row["tokens_per_s"] > 0 and row["speedup"] > 0
+        assert row["n"] == 2 and row["n_timed"] == 1 and row["n_ar"] == 1
+        assert row["tokens_per_s"] > 0 and row["speedup"] > 0
         assert row["quality"] is not None and 0 <= row["quality"] <= 100
-        cut = [r for r in records if (r["task"], r["method"]) == (row["task"], row["method"]) and r["new_tokens"] == 8]
-        assert row["truncated_rate"] == pytest.approx(len(cut) / 2)  # 8 = --max-new-tokens
         if row["method"] == "ar":
             assert row["speedup"] == pytest.approx(1.0) and row["acceptance_rate"] is None
-        else:
-            assert 0 <= row["acceptance_rate"] <= 1 and row["mean_accepted_per_round"] >= 1
-            assert row["analytic_speedup_v1"] is not None and row["c"] > 0
+            assert row["quality_from"] == "sampler (exact SD: same law)"
+            exact = next(r for r in rows if (r["task"], r["method"]) == (row["task"], "exact"))
+            assert row["quality"] == exact["quality"]
+            continue
+        assert row["quality_from"] == "sampler"
+        mine = [r for r in sampled if (r["task"], r["method"]) == (row["task"], row["method"])]
+        cut = [r for r in mine if r["new_tokens"] == 8]
+        assert row["truncated_rate"] == pytest.approx(len(cut) / 2)  # 8 = --max-new-tokens
+        accepted, drafted = sum(r["accepted"] for r in mine), sum(r["drafted"] for r in mine)
+        assert row["acceptance_rate"] == pytest.approx(accepted / drafted) and row["mean_accepted_per_round"] >= 1
+        assert row["verified_acceptance_rate"] >= row["acceptance_rate"]
+        assert row["analytic_speedup_v1"] is not None and row["c"] > 0
     exact = next(r for r in rows if r["method"] == "exact")
-    alpha, c, v = exact["acceptance_rate"], exact["c"], exact["v"]
+    alpha, c, v, tau = exact["acceptance_rate"], exact["c"], exact["v"], exact["mean_accepted_per_round"]
     assert exact["mean_weight"] == pytest.approx(1.0)
     assert exact["analytic_speedup_v1"] == pytest.approx(bench.analytic_speedup(alpha, 5, c, 1.0))
+    assert exact["tau_speedup_v1"] == pytest.approx(tau / (5 * c + 1))
     assert v is None or exact["analytic_speedup"] == pytest.approx(bench.analytic_speedup(alpha, 5, c, v))
     assert summary["command"].startswith("hf-diversed bench --target")
+    assert summary["cpu_capabilities"]
 
     markdown = (out / bench.MARKDOWN_FILE).read_text()
     assert summary["command"] in markdown.splitlines()[3]
+    assert "batched law-exact sampler" in markdown and "real batch-1 loop" in markdown
     table = [line for line in markdown.splitlines() if line.startswith("| gsm8k") or line.startswith("| mbpp")]
     assert len(table) == 2 * len(METHODS)
     assert any("static:0.3" in line for line in table) and any("diversed" in line for line in table)
@@ -129,16 +151,19 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     resumed = bench.load_records(results)
     assert len(resumed) == len(records)
     assert {bench.record_key(r) for r in resumed} == {bench.record_key(r) for r in records}
-    assert [r["completion"] for r in resumed[:-4]] == [r["completion"] for r in records[:-4]]
+    # the sampler's records do not depend on which batch a sequence fell in: the redone ones are the same
+    before = {bench.record_key(r): r["completion"] for r in records if r["engine"] == "sampler"}
+    after = {bench.record_key(r): r["completion"] for r in resumed if r["engine"] == "sampler"}
+    assert before == after
 
-    # one more example: only that example's records are added (ar included: --ar-examples defaults to 3)
+    # one more example: only its sampler records are added (the timed subset stays at 1)
     assert bench.main(_argv(setup, out, examples=3)) == 0
     grown = bench.load_records(results)
     added = grown[len(resumed) :]
-    assert len(added) == 2 * len(METHODS)
+    assert len(added) == 2 * len(SAMPLED) and {r["engine"] for r in added} == {"sampler"}
     assert {r["example_index"] for r in added} == {2}
     summary = json.loads((out / bench.SUMMARY_FILE).read_text())
-    assert all(row["n"] == 3 for row in summary["rows"])
+    assert all(row["n"] == 3 and row["n_timed"] == 1 for row in summary["rows"])
     assert (out / "costs.json").is_file() and summary["costs"]
 
     # the importable API: summarize an existing output directory
@@ -146,7 +171,8 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     assert summary["num_records"] == len(grown) and summary["command"].startswith("run_bench(BenchConfig(")
 
 
-def test_ar_examples_and_lora_draft(setup, tmp_path):
+def test_greedy_engines_agree_and_lora_draft(setup, tmp_path):
+    """At T = 0 the sampler's completions are the real loop's, the LoRA draft's included; exact SD = target."""
     from peft import LoraConfig, get_peft_model
 
     adapter = tmp_path / "lora"
@@ -157,20 +183,23 @@ def test_ar_examples_and_lora_draft(setup, tmp_path):
     out = tmp_path / "out"
     argv = [
         "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
-        "--tasks", "gsm8k", "--lora-draft", str(adapter), "--num-examples", "2", "--ar-examples", "1",
-        "--max-new-tokens", "6", "--temperature", "0", "--num-assistant-tokens", "3", "--dtype", "float32",
-        "--output-dir", str(out), "--no-costs", "--no-warmup", "-q",
+        "--tasks", "gsm8k", "--lora-draft", str(adapter), "--num-examples", "2", "--timed-examples", "2",
+        "--ar-examples", "1", "--max-new-tokens", "6", "--temperature", "0", "--num-assistant-tokens", "3",
+        "--dtype", "float32", "--output-dir", str(out), "--no-costs", "--no-warmup", "-q",
     ]  # fmt: skip
     assert bench.main(argv) == 0
     records = _lines(out / bench.RESULTS_FILE)
-    assert sorted((r["method"], r["example_index"]) for r in records) == [
-        ("ar", 0), ("exact", 0), ("exact", 1), ("exact+lora-draft", 0), ("exact+lora-draft", 1),
-    ]  # fmt: skip
+    loop = {(r["method"], r["example_index"]): r for r in records if r["engine"] == "loop"}
+    sampled = {(r["method"], r["example_index"]): r for r in records if r["engine"] == "sampler"}
+    assert sorted(loop) == [("ar", 0), ("exact", 0), ("exact", 1), ("exact+lora-draft", 0), ("exact+lora-draft", 1)]
+    assert sorted(sampled) == [("exact", 0), ("exact", 1), ("exact+lora-draft", 0), ("exact+lora-draft", 1)]
+    for key, record in sampled.items():
+        assert record["completion"] == loop[key]["completion"], key
+        for field in ("drafted", "accepted", "rounds", "verified"):
+            assert record[field] == loop[key][field], (key, field)
     lora = [r for r in records if r["method"] == "exact+lora-draft"]
     assert all(r["lora_draft"] == str(adapter.resolve()) and r["N"] == 3 for r in lora)
-    exact = {r["example_index"]: r for r in records if r["method"] == "exact"}
-    ar = next(r for r in records if r["method"] == "ar")
-    assert exact[0]["completion"] == ar["completion"]  # greedy exact SD reproduces the target
+    assert loop["exact", 0]["completion"] == loop["ar", 0]["completion"]  # greedy exact SD reproduces the target
     rows = json.loads((out / bench.SUMMARY_FILE).read_text())["rows"]
     exact_row = next(r for r in rows if r["method"] == "exact")
     assert exact_row["n"] == 2 and exact_row["n_ar"] == 1 and exact_row["speedup_matched"] is not None
@@ -193,6 +222,8 @@ def test_ar_examples_and_lora_draft(setup, tmp_path):
         (["--split", "test[1]", "--tasks", "gsm8k"], "--split"),
         (["--split", "validation[:10]", "--tasks", "gsm8k"], "test[100:]"),
         (["--ar-examples", "9", "--num-examples", "2"], "--ar-examples"),
+        (["--timed-examples", "-1"], "--timed-examples"),
+        (["--batch-size", "0"], "--batch-size"),
         (["--data-dir", "/nonexistent/data"], "--data-dir"),
         (["--summarize-only"], "without --summarize-only"),
     ],
