@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModel
 
 from . import _compat
 from .api import decoding_loop, diversed_generate, last_stats
+from .batched import SamplerConfig, SampleRequest, sample_batched
 from .candidate_generator import DiversedCandidateGenerator
 from .configuration_diversed_head import DiversedHeadConfig
 from .decoding import DiversedGenerateOutput
@@ -28,12 +29,15 @@ __all__ = [
     "DiversedStats",
     "ExactSD",
     "LossySD",
+    "SampleRequest",
+    "SamplerConfig",
     "SpecCascade",
     "StaticEnsemble",
     "VerificationRule",
     "last_stats",
     "load_head",
     "parse_rule",
+    "sample_batched",
 ]
 
 _compat.check_transformers_version()

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--num-assistant-tokens", type=int, default=5, help="draft length N")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="auto: bfloat16 where the CPU has AVX512-BF16/AMX (or on CUDA), else float32")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--seed", type=int, default=0)
     return parser
@@ -51,8 +52,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from .dtypes import cpu_capability, resolve_dtype
+
     start = time.perf_counter()
-    tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, args.dtype))
+    dtype = resolve_dtype(args.dtype)
+    tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, dtype))
     seed_pretrained_heads()  # bundled heads resolve by Hub id, offline, like downloaded ones
     head_name = args.head or head_for_task(args.task)
     head = load_head(head_name) if head_name else DiversedHead.for_models(target, draft, init_weight=0.5)
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     input_ids = tokenizer.apply_chat_template(
         task.build_messages(row), add_generation_prompt=True, return_tensors="pt", return_dict=True
     )["input_ids"]
-    print(f"loaded target/draft in {time.perf_counter() - start:.1f}s; prompt: {len(input_ids[0])} tokens")
+    print(f"loaded target/draft in {time.perf_counter() - start:.1f}s ({dtype}, CPU {cpu_capability()}, "
+          f"{torch.get_num_threads()} threads); prompt: {len(input_ids[0])} tokens")  # fmt: skip
 
     methods = [Method("ar"), Method("exact"), Method("static:0.5"), Method("diversed")]
     kwargs = dict(

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
     "script, expected",
     [
         ("quickstart.py", ["DIVERSED", "cascade-opt:0.2", "loaded head"]),
+        ("batched_sampling.py", ["prompt 1 diversed", "generate, prompt 0 diversed"]),
         ("train_head_tiny.py", ["untrained head: acceptance", "trained   head: acceptance", "model card"]),
     ],
 )

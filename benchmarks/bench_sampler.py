@@ -1,0 +1,161 @@
+"""Throughput of the batched law-exact sampler against the real batch-1 loop, on the same GSM8K prompts.
+
+One run, side by side, on the real pair: tokens/s of ``sample_batched`` at B = 1, 8, 16, 32 (end to end, and in
+the decode phase alone, prefill excluded), the real loop (``generate`` with exact SD, batch 1), and the bare
+batched decode steps of the two models (one target + one draft forward of B rows on a cached prefix), which
+bound what a walk of one position per step can reach. Prints a Markdown table and the peak resident memory.
+
+    python benchmarks/bench_sampler.py                         # real Qwen2.5-Coder pair, --dtype auto
+    python benchmarks/bench_sampler.py --batch-sizes 1,8,16,32 --max-new-tokens 64 --loop-prompts 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+
+from hf_diversed import batched
+from hf_diversed.batched import SamplerConfig, SampleRequest, sample_batched
+from hf_diversed.demo import load_pair
+from hf_diversed.dtypes import cpu_capability, resolve_dtype
+from hf_diversed.methods import Method, timed_generate
+from hf_diversed.real_models import DRAFT_NAME, TARGET_NAME
+from hf_diversed.tasks import get_task
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _bare_step_seconds(model, prompt: torch.Tensor, batch: int, repeats: int = 3) -> float:
+    """One decode step of ``batch`` rows after a cached prefill of ``prompt`` (median of ``repeats``)."""
+    ids = prompt.repeat(batch, 1)
+    with torch.no_grad():
+        out = model(ids, use_cache=True, logits_to_keep=1)
+        cache, length = out.past_key_values, ids.shape[1]
+        token = ids[:, -1:]
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            times.append(time.perf_counter() - start)
+            cache.crop(-(cache.get_seq_length() - length))
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+class _Timing:
+    """Wraps the sampler's prefill and one-position forward to split its time into prefill and decode."""
+
+    def __init__(self):
+        self.prefill = 0.0
+        self.steps = 0
+        self._prefill, self._forward = batched._Sampler._prefill, batched._Sampler._forward
+
+    def __enter__(self):
+        timing = self
+
+        def prefill(sampler, *args):
+            start = time.perf_counter()
+            try:
+                return timing._prefill(sampler, *args)
+            finally:
+                timing.prefill += time.perf_counter() - start
+
+        def forward(sampler, *args):
+            timing.steps += 1
+            return timing._forward(sampler, *args)
+
+        batched._Sampler._prefill, batched._Sampler._forward = prefill, forward
+        return self
+
+    def __exit__(self, *exc):
+        batched._Sampler._prefill, batched._Sampler._forward = self._prefill, self._forward
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=TARGET_NAME)
+    parser.add_argument("--draft", default=DRAFT_NAME)
+    parser.add_argument("--batch-sizes", default="1,8,16,32")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--loop-prompts", type=int, default=2, help="prompts timed with the real batch-1 loop")
+    parser.add_argument("--num-assistant-tokens", type=int, default=5)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    dtype = resolve_dtype(args.dtype)
+    tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, dtype))
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    task = get_task("gsm8k")
+    rows = task.load("test").select(range(max(sizes)))
+    prompts = [
+        tokenizer.apply_chat_template(
+            task.build_messages(row), add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+        for row in rows
+    ]
+    config = SamplerConfig(max_new_tokens=args.max_new_tokens, num_assistant_tokens=args.num_assistant_tokens)
+    eos = target.generation_config.eos_token_id
+
+    # warm-up: first forwards at a shape are slow on CPU
+    list(sample_batched(target, draft, [SampleRequest(prompts[0], "exact")] * 2, SamplerConfig(max_new_tokens=8)))
+    timed_generate(target, draft, prompts[0], Method("exact"), max_new_tokens=8, temperature=1.0)
+
+    results = []
+    loop_tokens = loop_seconds = 0.0
+    for i in range(args.loop_prompts):
+        record = timed_generate(
+            target, draft, prompts[i], Method("exact"), max_new_tokens=args.max_new_tokens, temperature=1.0,
+            num_assistant_tokens=args.num_assistant_tokens, seed=i, eos_token_id=eos,
+        )  # fmt: skip
+        loop_tokens += len(record.new_tokens)
+        loop_seconds += record.seconds
+    loop_tps = loop_tokens / loop_seconds
+    prompt_len = sum(p.shape[1] for p in prompts) // len(prompts)
+    for b in sizes:
+        requests = [SampleRequest(prompts[i], "exact", seed=i) for i in range(b)]
+        with _Timing() as timing:
+            start = time.perf_counter()
+            out = list(sample_batched(target, draft, requests, config, batch_size=b))
+            seconds = time.perf_counter() - start
+        tokens = sum(len(r.completion_ids) for r in out)
+        decode = seconds - timing.prefill
+        bare_t = _bare_step_seconds(target, prompts[0][:, :prompt_len], b)
+        bare_d = _bare_step_seconds(draft, prompts[0][:, :prompt_len], b)
+        step = decode / max(timing.steps, 1)
+        results.append(
+            dict(
+                b=b,
+                tokens=tokens,
+                seconds=seconds,
+                prefill=timing.prefill,
+                steps=timing.steps,
+                tps=tokens / seconds,
+                decode_tps=tokens / decode,
+                step=step,
+                bare=bare_t + bare_d,
+                rss=_peak_rss_gib(),
+            )  # fmt: skip
+        )
+
+    print(f"CPU {cpu_capability()}, dtype {dtype}, {args.threads} threads, {args.max_new_tokens} new tokens, "
+          f"T=1, N={args.num_assistant_tokens}, exact SD, GSM8K test prompts (~{prompt_len} tokens)\n")  # fmt: skip
+    print("| engine | B | tokens | seconds | prefill s | tok/s | × loop | decode tok/s | s/step | bare target+draft "
+          "s/step | step / bare | peak RSS GiB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| real loop (generate) | 1 | {loop_tokens:.0f} | {loop_seconds:.1f} | - | {loop_tps:.2f} | 1.00 | - | - "
+          f"| - | - | - |")  # fmt: skip
+    for r in results:
+        print(f"| sampler | {r['b']} | {r['tokens']} | {r['seconds']:.1f} | {r['prefill']:.1f} | {r['tps']:.2f} | "
+              f"{r['tps'] / loop_tps:.2f} | {r['decode_tps']:.2f} | {r['step']:.3f} | {r['bare']:.3f} | "
+              f"{r['step'] / r['bare']:.2f} | {r['rss']:.1f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
