@@ -59,6 +59,7 @@ __all__ = [
     "prepare_position_ids",
     "prepare_token_type_ids",
     "split_model_outputs",
+    "supports_logits_to_keep",
 ]
 
 prepare_attention_mask = _prepare_attention_mask
@@ -179,6 +180,12 @@ def generation_logits_processors(model, **generate_kwargs):
         generation_config=config, input_ids_seq_length=1, device=model.device, model_kwargs={}
     )
     return processors, config
+
+
+def supports_logits_to_keep(model) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (prefill then computes only the last position's logits)."""
+    check = getattr(model, "_supports_logits_to_keep", None)
+    return bool(check()) if check is not None else False
 
 
 def check_batchable_cache(cache, model_name: str) -> None:

@@ -213,7 +213,7 @@ class _Model:
         self.name = name
         self.recorder = LastHiddenStateRecorder(model)
         self.cache = None
-        self.keep = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
+        self.keep = _compat.supports_logits_to_keep(model)
 
     def _run(self, **inputs) -> tuple[Any, torch.Tensor, torch.Tensor]:
         if self.keep:

@@ -120,3 +120,37 @@ def test_draft_warpers_apply_once():
     drafter = _compat.AssistedCandidateGenerator(ids, draft, config, {}, logits_processor=LogitsProcessorList())
     with pytest.warns(UserWarning, match="sets top_h"):
         _compat.apply_draft_warpers_once(drafter)
+
+
+def test_batched_sampler_internals():
+    """What the batched sampler relies on: generate's processor machinery and DynamicCache's layer tensors."""
+    import torch
+    from conftest import build_tiny
+    from transformers import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
+
+    sigs = _compat.private_signatures()
+    assert list(sigs["_prepare_generation_config"].parameters)[:2] == ["self", "generation_config"]
+    assert list(sigs["_prepare_special_tokens"].parameters)[:2] == ["self", "generation_config"]
+    assert {"generation_config", "input_ids_seq_length", "device", "model_kwargs"} <= set(
+        sigs["_get_logits_processor"].parameters
+    )
+    model = build_tiny("llama", hidden=32, layers=1, seed=0)
+    processors, config = _compat.generation_logits_processors(
+        model, do_sample=True, temperature=0.5, top_k=0, top_p=1.0, repetition_penalty=1.2
+    )
+    assert [type(p) for p in processors] == [RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper]
+    assert config.eos_token_id == model.generation_config.eos_token_id
+    assert _compat.supports_logits_to_keep(model)
+
+    ids = torch.tensor([[3, 4, 5, 6]])
+    cache = model(ids, use_cache=True).past_key_values
+    _compat.check_batchable_cache(cache, "the model")
+    short = model(ids[:, :2], use_cache=True).past_key_values
+    stacked = _compat.cache_stack([cache, short], [1, 2])
+    assert [layer.keys.shape[:3] for layer in stacked.layers] == [(3, 2, 4)]
+    assert torch.equal(stacked.layers[0].keys[1:, :, 2:], short.layers[0].keys.expand(2, -1, -1, -1))
+    assert stacked.layers[0].keys[1:, :, :2].abs().sum() == 0  # left padding
+    _compat.cache_select_rows(stacked, torch.tensor([2, 0]))
+    _compat.cache_drop_leading(stacked, 1)
+    assert stacked.layers[0].keys.shape[:3] == (2, 2, 3) and stacked.get_seq_length() == 3
+    assert torch.equal(stacked.layers[0].keys[1], cache.layers[0].keys[0, :, 1:])
