@@ -72,7 +72,11 @@ class DraftDistillConfig:
     draft: str = field(
         default="qwen2.5-coder-0.5b-instruct", metadata={"help": "Student (draft) model sharing the vocabulary."}
     )
-    dtype: str = field(default="bfloat16", metadata={"help": "dtype of both models: bfloat16, float16 or float32."})
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "dtype of both models: auto (bfloat16 where the CPU has fast bf16, else float32), "
+                  "bfloat16, float16 or float32."},
+    )  # fmt: skip
     data_dir: str | None = field(default=None, metadata={"help": "Data folder (default: hf_diversed.tasks lookup)."})
     train_split: str = field(default="train", metadata={"help": "Split the training examples come from."})
     max_train_examples: int | None = field(default=None, metadata={"help": "Use only the first N rows."})
@@ -162,8 +166,12 @@ class DraftDistillConfig:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
         if not self.max_grad_norm > 0:
             raise ValueError(f"`max_grad_norm` must be > 0, got {self.max_grad_norm}.")
-        if self.dtype not in ("bfloat16", "float32", "float16"):
-            raise ValueError(f"`dtype` must be bfloat16, float16 or float32, got {self.dtype!r}.")
+        if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
+            raise ValueError(f"`dtype` must be auto, bfloat16, float16 or float32, got {self.dtype!r}.")
+        if self.dtype == "auto":
+            from .dtypes import resolve_dtype
+
+            self.dtype = resolve_dtype("auto")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("`push_to_hub` needs `hub_model_id` (e.g. 'org/qwen-coder-0.5b-draft-lora-gsm8k').")
         if self.resume_from_checkpoint is not None and not Path(self.resume_from_checkpoint).is_dir():

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from .batched import SamplerConfig, SampleRequest, sample_batched
 from .modeling_diversed_head import DiversedHead
 from .stats import DiversedStats
 
-__all__ = ["Rollout", "collect_rollout"]
+__all__ = ["Rollout", "collect_rollout", "collect_rollouts"]
 
 
 @dataclass
@@ -91,3 +93,64 @@ def collect_rollout(
         w_old=cat("w"),
         stats=out.diversed_stats,
     )
+
+
+def collect_rollouts(
+    target,
+    draft,
+    head: DiversedHead,
+    prompts: Sequence[torch.Tensor],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    num_assistant_tokens: int,
+    seeds: Sequence[int],
+    batch_size: int = 32,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> list[Rollout]:
+    """One rollout per prompt, drawn by the batched law-exact sampler (:func:`hf_diversed.batched.sample_batched`).
+
+    Each rollout has the law of :func:`collect_rollout` on its prompt (``generate`` with ``pad_token_id`` the
+    first EOS id) and the same per-token features; ``batch_size`` rows are decoded together. ``prompts`` are
+    token ids without padding, (1, L) or (L,) each; repeat a prompt for several generations (they share one
+    prefill). ``seeds`` gives each rollout its own generator: a rollout depends on its prompt, seed and head
+    only, not on the batch it fell in nor on the global random state. ``temperature`` 0 decodes greedily.
+    ``eos_token_id`` defaults to the target's generation config, as ``generate``. Returned in prompt order.
+    The draft's ``generation_config.assistant_confidence_threshold`` must be 0 (the sampler raises otherwise).
+    """
+    prompts, seeds = list(prompts), [int(s) for s in seeds]
+    if len(seeds) != len(prompts):
+        raise ValueError(f"collect_rollouts needs one seed per prompt, got {len(seeds)} for {len(prompts)} prompts.")
+    if eos_token_id is None:
+        eos_token_id = target.generation_config.eos_token_id
+    if isinstance(eos_token_id, Sequence):
+        eos_token_id = tuple(int(e) for e in eos_token_id) or None
+    do_sample = temperature > 0
+    config = SamplerConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=float(temperature) if do_sample else 1.0,
+        top_k=0,
+        top_p=1.0,
+        num_assistant_tokens=num_assistant_tokens,
+        eos_token_id=eos_token_id,
+    )
+    requests = [
+        SampleRequest(prompt_ids=torch.as_tensor(ids).reshape(-1), rule="diversed", head=head, seed=seed)
+        for ids, seed in zip(prompts, seeds, strict=True)
+    ]
+    out: list[Rollout | None] = [None] * len(requests)
+    with torch.no_grad():
+        for result in sample_batched(target, draft, requests, config, batch_size=batch_size, return_trace=True):
+            trace = result.trace
+            out[result.index] = Rollout(
+                completion_ids=result.completion_ids,
+                h_draft=trace.h_draft,
+                h_target=trace.h_target,
+                p_y=trace.p_y,
+                q_y=trace.q_y,
+                tv=trace.tv,
+                w_old=trace.w,
+                stats=result.stats,
+            )
+    return out

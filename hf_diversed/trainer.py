@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -17,7 +18,7 @@ import torch
 from .hub import push_head_folder, write_custom_generate
 from .model_card import render_head_card
 from .modeling_diversed_head import DiversedHead
-from .rollout import Rollout, collect_rollout
+from .rollout import Rollout, collect_rollouts
 
 __all__ = ["DiversedTrainer", "DiversedTrainerConfig", "diversed_policy_loss"]
 
@@ -37,7 +38,11 @@ class DiversedTrainerConfig:
     draft: str = field(
         default="qwen2.5-coder-0.5b-instruct", metadata={"help": "Draft model sharing the target's tokenizer."}
     )
-    dtype: str = field(default="bfloat16", metadata={"help": "dtype of the frozen LMs: bfloat16 or float32."})
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "dtype of the frozen LMs: auto (bfloat16 where the CPU has fast bf16, else float32), "
+                  "bfloat16 or float32."},
+    )  # fmt: skip
     train_split: str = field(default="train", metadata={"help": "Split the training prompts come from."})
     eval_split: str = field(default="test", metadata={"help": "Split the evaluation prompts come from."})
     max_train_prompts: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
@@ -46,6 +51,13 @@ class DiversedTrainerConfig:
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per rollout."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts (> 0)."})
     num_assistant_tokens: int = field(default=5, metadata={"help": "Draft length per round."})
+    rollout_batch_size: int = field(
+        default=32,
+        metadata={
+            "help": "Rows decoded together by the batched sampler (1 decodes one sequence at a time through the "
+            "sampler)."
+        },
+    )
     learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     warmup_steps: int = field(default=10, metadata={"help": "Linear warm-up steps."})
@@ -82,6 +94,7 @@ class DiversedTrainerConfig:
             "num_generations",
             "max_new_tokens",
             "num_assistant_tokens",
+            "rollout_batch_size",
             "max_steps",
             "ppo_epochs",
             "logging_steps",
@@ -108,8 +121,12 @@ class DiversedTrainerConfig:
             raise ValueError(f"`init_weight` must be in [0, 1], got {self.init_weight}.")
         if self.report_to not in ("none", "tensorboard"):
             raise ValueError(f"`report_to` must be 'none' or 'tensorboard', got {self.report_to!r}.")
-        if self.dtype not in ("bfloat16", "float32", "float16"):
-            raise ValueError(f"`dtype` must be bfloat16, float16 or float32, got {self.dtype!r}.")
+        if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
+            raise ValueError(f"`dtype` must be auto, bfloat16, float16 or float32, got {self.dtype!r}.")
+        if self.dtype == "auto":
+            from .dtypes import resolve_dtype
+
+            self.dtype = resolve_dtype("auto")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("`push_to_hub` needs `hub_model_id` (e.g. 'org/diversed-head-gsm8k').")
 
@@ -173,8 +190,10 @@ class DiversedTrainer:
     ``nu_theta,t(y) = w_theta,t p_t(y) + (1 - w_theta,t) q_t(y)`` (p: target, q: draft, both frozen:
     ``requires_grad`` is switched off, the models are never copied, and their parameters are asserted
     unchanged at the end of training). Rollouts are DIVERSED speculative decoding with the current head,
-    which is on-policy: the law of an emitted token at a drafted position is exactly ``nu_theta,t``
-    (bonus tokens follow p whatever the head and carry no gradient). Each completion gets a sequence
+    drawn ``rollout_batch_size`` rows at a time by the batched sampler (:mod:`hf_diversed.batched`, the law
+    of ``generate``; each rollout seeded from ``seed``, the step and its prompt, so a resumed run redraws
+    them exactly), which is on-policy: the law of an emitted token at a drafted position is exactly
+    ``nu_theta,t`` (bonus tokens follow p whatever the head and carry no gradient). Each completion gets a sequence
     reward r from ``reward_funcs`` (any TRL-signature functions ``f(prompts, completions, **columns)``,
     summed) or the task's reward; ``kl_coef`` subtracts ``kl_coef * sum_t log(nu_old / nu_init)(y_t)``
     (token KL to the initial head). REINFORCE++ advantages ``A = (r - b) / std(r - b)`` over the global
@@ -216,6 +235,8 @@ class DiversedTrainer:
         for model in (target, draft):
             model.requires_grad_(False)
             model.eval()
+        # Rollouts draft N tokens every round (no confidence early stop), as the paper and methods.timed_generate.
+        draft.generation_config.assistant_confidence_threshold = 0.0
         self._frozen = (_fingerprint(target), _fingerprint(draft))
         self.task = get_task(config.task) if config.task else None
         if reward_funcs is not None:
@@ -331,24 +352,32 @@ class DiversedTrainer:
         return total.float()
 
     # ---------------------------------------------------------------- steps
-    def _rollouts(self, head, rows: list[dict], generations: int) -> list[Rollout]:
+    def _rollout_seed(self, *key: Any) -> int:
+        """A 63-bit seed from (config seed, *key): the same on every run, process count and resume."""
+        text = ":".join(str(k) for k in (self.config.seed, *key))
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+    def _rollouts(self, head, rows: list[dict], generations: int, keys: list[tuple]) -> list[Rollout]:
+        """``generations`` rollouts per row (row-major), drawn by the batched sampler; rollout g of row i draws
+        from its own generator seeded with ``_rollout_seed(*keys[i], g)``."""
         cfg = self.config
-        out = []
-        for row in rows:
+        prompts, seeds = [], []
+        for row, key in zip(rows, keys, strict=True):
             ids = self._prompt_ids(row)
-            for _ in range(generations):
-                out.append(
-                    collect_rollout(
-                        self.target,
-                        self.draft,
-                        head,
-                        ids,
-                        max_new_tokens=cfg.max_new_tokens,
-                        temperature=cfg.temperature,
-                        num_assistant_tokens=cfg.num_assistant_tokens,
-                    )
-                )
-        return out
+            for g in range(generations):
+                prompts.append(ids)
+                seeds.append(self._rollout_seed(*key, g))
+        return collect_rollouts(
+            self.target,
+            self.draft,
+            head,
+            prompts,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            num_assistant_tokens=cfg.num_assistant_tokens,
+            seeds=seeds,
+            batch_size=cfg.rollout_batch_size,
+        )
 
     def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         from accelerate.utils import gather
@@ -369,9 +398,12 @@ class DiversedTrainer:
         cfg = self.config
         head = self.accelerator.unwrap_model(self.head)
         rows = [self.train_dataset[i] for i in self._step_rows(self.data_position)]
+        # Seeds keyed by (step, index in the step's global batch): resuming redraws exactly the same rollouts.
+        first = self.accelerator.process_index * len(rows)
+        keys = [("train", self.step, first + j) for j in range(len(rows))]
         head.eval()
         with torch.no_grad():
-            rollouts = self._rollouts(head, rows, cfg.num_generations)
+            rollouts = self._rollouts(head, rows, cfg.num_generations, keys)
         head.train()
         expanded_rows = [row for row in rows for _ in range(cfg.num_generations)]
         task_rewards = self._rewards(expanded_rows, rollouts)
@@ -446,8 +478,8 @@ class DiversedTrainer:
     def evaluate(self, head: DiversedHead | None = None) -> dict[str, float]:
         """Reward, acceptance and mean w of ``head`` (default: the current head) on the eval prompts.
 
-        Randomness is forked and seeded with ``config.seed``, so training's random stream is untouched and
-        different heads are compared on the same draws.
+        Each eval prompt's rollout has its own seed (from ``config.seed`` and the prompt's index), so different
+        heads are compared on the same draws (paired) and training's random stream is untouched.
         """
         cfg = self.config
         if self.eval_dataset is None or cfg.num_eval_prompts == 0:
@@ -455,12 +487,12 @@ class DiversedTrainer:
         head = head if head is not None else self.accelerator.unwrap_model(self.head)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         n = min(cfg.num_eval_prompts, len(self.eval_dataset))
-        rows = [self.eval_dataset[i] for i in range(rank, n, world)]
+        indices = list(range(rank, n, world))
+        rows = [self.eval_dataset[i] for i in indices]
         was_training = head.training
         head.eval()
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(cfg.seed + 12345 + rank)
-            rollouts = self._rollouts(head, rows, 1)
+        with torch.no_grad():
+            rollouts = self._rollouts(head, rows, 1, [("eval", i) for i in indices])
         head.train(was_training)
         rewards = self._rewards(rows, rollouts) if rollouts else torch.zeros(0)
         from accelerate.utils import gather

@@ -1,4 +1,5 @@
-"""DiversedTrainer on tiny random models: learning signal, regulariser sign, frozen LMs, resume, CLI."""
+"""DiversedTrainer on tiny random models: learning signal, regulariser sign, frozen LMs, resume, CLI, and the
+batched rollouts it trains on (the same rollouts as batch-1 generate)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import build_tiny, prompts
+from conftest import EOS, build_tiny, prompts
 from safetensors.torch import load_file
 
 from hf_diversed import DiversedHeadConfig
 from hf_diversed.modeling_diversed_head import DiversedHead
-from hf_diversed.rollout import collect_rollout
+from hf_diversed.rollout import collect_rollout, collect_rollouts
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
 
 torch.set_num_threads(1)
@@ -107,6 +108,59 @@ def test_rollout_trace_matches_head(pair):
     assert ((r.p_y > 0) & (r.q_y > 0) & (r.tv >= 0) & (r.tv <= 1)).all()
 
 
+def _assert_same_rollout(real, batched, what: str, unseen_draft_eos: bool = False) -> None:
+    assert torch.equal(real.completion_ids, batched.completion_ids), f"{what}: tokens differ"
+    assert real.stats.accepted_per_round == batched.stats.accepted_per_round, f"{what}: accepted per round differ"
+    for name in ("num_accepted", "num_rounds", "num_verified"):
+        assert getattr(real.stats, name) == getattr(batched.stats, name), f"{what}: {name} differs"
+    extra = batched.stats.num_drafted - real.stats.num_drafted
+    if unseen_draft_eos:
+        # A known limit of the sampler's num_drafted: when generate's draft drafts an EOS *after* the round's first
+        # rejected position, it stops there and drafts fewer; the sampler never draws those positions and counts
+        # the full round (at most N - 1 too many per round). Tokens, the other counts and the features agree.
+        assert 0 <= extra <= real.stats.num_rounds * 3, f"{what}: num_drafted {extra:+d}"
+    else:
+        assert extra == 0, f"{what}: num_drafted differs by {extra:+d}"
+    for name in ("weight_sum", "tv_sum"):
+        assert getattr(real.stats, name) == pytest.approx(getattr(batched.stats, name), abs=1e-4), what
+    for name in ("h_draft", "h_target", "p_y", "q_y", "tv", "w_old"):
+        a, b = getattr(real, name), getattr(batched, name)
+        assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, f"{what}: {name} {a.shape} {b.shape}"
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0, msg=f"{what}: {name} differs")
+
+
+def test_collect_rollouts_match_collect_rollout_greedy(pair):
+    """The batched sampler's rollouts are generate's (greedy, float32): tokens, counts and every feature, with
+    rows leaving and joining a 3-row batch, a repeated prompt (one shared prefill) and rollouts ending on EOS."""
+    target, draft = pair
+    head = DiversedHead.for_models(target, draft, init_weight=0.5)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        head.out.weight.normal_(0.0, 0.5)  # w varies per position (a fresh head is constant)
+    ids = prompts(4, seed=7)
+    ids = [ids[0], ids[1], ids[0], ids[2], ids[3]]
+    settings = dict(max_new_tokens=14, temperature=0.0, num_assistant_tokens=4)
+
+    def check(eos: int) -> list:
+        batched = collect_rollouts(
+            target, draft, head, ids, seeds=range(len(ids)), batch_size=3, eos_token_id=eos, **settings
+        )
+        assert len(batched) == len(ids)
+        for i, (prompt, rollout) in enumerate(zip(ids, batched, strict=True)):
+            # the sampler's law is generate's with pad = the first EOS id (the tiny models' pad is 2)
+            real = collect_rollout(target, draft, head, prompt, eos_token_id=eos, pad_token_id=eos, **settings)
+            _assert_same_rollout(real, rollout, f"eos {eos}, prompt {i}", unseen_draft_eos=eos != EOS)
+            assert 0 < rollout.num_tokens <= rollout.stats.num_verified
+        return batched
+
+    first = check(EOS)
+    early = int(first[1].completion_ids[2])  # as EOS, prompt 1's rollout (at least) ends on it, early
+    assert early != EOS
+    second = check(early)
+    tokens = first[1].completion_ids.tolist()
+    assert second[1].completion_ids.tolist() == tokens[: tokens.index(early) + 1]
+
+
 def test_reward_trusting_draft_lowers_w(pair, tmp_path):
     target, draft = pair
     before_t, before_d = _params(target), _params(draft)
@@ -159,19 +213,27 @@ def test_acceptance_regularizer_alone_raises_acceptance(pair, tmp_path):
 def test_resume_is_exact(pair, tmp_path):
     target, draft = pair
 
-    def make(out, **kw):
-        config = _config(tmp_path / out, max_steps=4, save_steps=2, acceptance_coef=0.5, num_generations=2, **kw)
+    def make(out):
+        config = _config(
+            tmp_path / out, max_steps=4, save_steps=2, acceptance_coef=0.5, num_generations=2, rollout_batch_size=3
+        )  # 8 sampled rollouts a step through 3 rows: rows leave and join
         return DiversedTrainer(
             config, target, draft, train_dataset=_dataset(5), reward_funcs=[_trust_draft_reward(target, draft)]
         )
 
-    full = make("a").train()
+    full_trainer = make("a")
+    full = full_trainer.train()
     checkpoint = tmp_path / "a" / "out" / "checkpoint-2"
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "trainer_state.pt").is_file()
     resumed_trainer = make("b")
     resumed = resumed_trainer.train(resume_from_checkpoint=checkpoint)
     assert resumed_trainer.step == 4
+    # steps 3-4 redrew the same rollouts: same rewards, acceptance and losses, then the same head
+    assert resumed_trainer.history == full_trainer.history
     assert _same(_params(full), _params(resumed))
+    # each rollout of a run has its own seed (steps, prompts and generations all differ)
+    seeds = {full_trainer._rollout_seed("train", s, i, g) for s in range(4) for i in range(4) for g in range(2)}
+    assert len(seeds) == 32
     assert _same(load_file(str(tmp_path / "a" / "out" / "model.safetensors")), _params(resumed))
 
 
@@ -204,6 +266,8 @@ def test_bad_task_data_and_head_are_named(pair, tmp_path, monkeypatch):
 def test_config_validation():
     with pytest.raises(ValueError, match="temperature"):
         DiversedTrainerConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="rollout_batch_size"):
+        DiversedTrainerConfig(rollout_batch_size=0)
     with pytest.raises(ValueError, match="report_to"):
         DiversedTrainerConfig(report_to="wandb")
     with pytest.raises(ValueError, match="hub_model_id"):
