@@ -17,8 +17,11 @@ Greedy replaces the draws by the rules' argmax tests. A drafted EOS ends the rou
 Sequences are rows of a batch with left padding; a finished row leaves and a waiting request takes its place;
 requests that share a prompt (several rules, several samples) share one prefill of it. Every request draws
 from its own generator seeded with ``request.seed``, so its result does not depend on the batch it fell in.
-What this does not reproduce: wall-clock time, and float rounding (one-token forwards instead of
-block forwards), which in float32 should never flip a greedy choice and in bf16 rarely can.
+What this does not reproduce: wall-clock time; float rounding (one-token forwards instead of block forwards),
+which in float32 should never flip a greedy choice and in bf16 rarely can; and one count. After a rejection
+the real draft goes on proposing the round's later drafts (thrown away) and stops at an EOS among them, which
+the walk never draws: in such a round ``num_drafted`` counts N_r where ``generate`` counts fewer. Tokens,
+accepted counts, rounds, w and TV are exact.
 
 The law is that of ``target.generate(prompt, assistant_model=draft, diversed_verifier=rule /
 diversed_head=head, **config.generate_kwargs())`` with the draft's ``assistant_confidence_threshold`` at 0.
@@ -394,9 +397,8 @@ class _Sampler:
         w = self._weights(p, q, h_target, h_draft, drafted)
         tv = total_variation(p, q)
         sample = self.config.do_sample
-        out = torch.empty(len(rows), dtype=torch.long)
-        accepted = torch.zeros(len(rows), dtype=torch.bool)
-        u = _uniforms(rows) if sample else None
+        accepted = torch.zeros(len(rows), dtype=torch.bool, device=p.device)
+        u = _uniforms(rows).to(p.device) if sample else None
         x = _inverse_cdf(q, u[:, 0]) if sample else z_q.argmax(-1)
         bonus_tokens = self._bonus(p, q, z_p, u)
         corrections = bonus_tokens.clone()
@@ -405,7 +407,7 @@ class _Sampler:
             for i in drafted:
                 groups.setdefault(rows[i].rule, []).append(i)
             for rule, idx in groups.items():
-                at = torch.tensor(idx)
+                at = torch.tensor(idx, device=p.device)
                 p_g, q_g, w_g, x_g = p[at].unsqueeze(1), q[at].unsqueeze(1), w[at].unsqueeze(1), x[at].unsqueeze(1)
                 if sample:
                     p_x = p_g.gather(-1, x_g[..., None])[..., 0]
@@ -423,26 +425,29 @@ class _Sampler:
                     ok, targets = rule.greedy_accept(x_g, p_g, q_g, w_g, z_p[at].unsqueeze(1))
                     accepted[at] = ok.squeeze(1)
                     corrections[at] = targets.squeeze(1)
-        finished = []
+        finished, out = [], []
+        # one transfer of the per-row verdicts, then plain Python per row
+        x, accepted, corrections, bonus_tokens = (t.tolist() for t in (x, accepted, corrections, bonus_tokens))
+        w_list, tv_list = w.tolist(), tv.tolist()
         for i, row in enumerate(rows):
             if row.k < row.round_n:  # a drafted position
-                if int(x[i]) in self.eos:
+                if x[i] in self.eos:
                     row.round_n = row.k + 1  # the draft's own generate stops drafting at an EOS
-                row.round_w += float(w[i])
-                row.round_tv += float(tv[i])
-                if bool(accepted[i]):
-                    token, row.k, ends, ok = int(x[i]), row.k + 1, False, True
+                row.round_w += w_list[i]
+                row.round_tv += tv_list[i]
+                if accepted[i]:
+                    token, row.k, ends, ok = x[i], row.k + 1, False, True
                 else:
-                    token, ends, ok = int(corrections[i]), True, False
+                    token, ends, ok = corrections[i], True, False
                 if row.trace is not None:
                     for key, value in (("tokens", token), ("p_y", float(p[i, token])), ("q_y", float(q[i, token])),
-                                       ("tv", float(tv[i])), ("w", float(w[i])), ("accepted", ok)):  # fmt: skip
+                                       ("tv", tv_list[i]), ("w", w_list[i]), ("accepted", ok)):  # fmt: skip
                         row.trace[key].append(value)
                     row.trace["h_draft"].append(h_draft[i].float().cpu())
                     row.trace["h_target"].append(h_target[i].float().cpu())
             else:  # the bonus position
-                token, ends = int(bonus_tokens[i]), True
-            out[i] = token
+                token, ends = bonus_tokens[i], True
+            out.append(token)
             row.context.append(token)
             row.completion.append(token)
             if token in self.eos:
@@ -455,7 +460,7 @@ class _Sampler:
                     finished.append(i)
                 else:
                     self._start_round(row)
-        return out, finished
+        return torch.tensor(out, dtype=torch.long), finished
 
     def _bonus(self, p: torch.Tensor, q: torch.Tensor, z_p: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
         """The token each row emits if its position is the bonus one: y ~ p (greedy: argmax p)."""
