@@ -83,6 +83,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--loop-prompts", type=int, default=2, help="prompts timed with the real batch-1 loop")
     parser.add_argument("--num-assistant-tokens", type=int, default=5)
+    parser.add_argument(
+        "--rules-per-prompt", type=int, default=1,
+        help="R > 1: each prompt is drawn under R rules (exact, then static 0.9, 0.7, ...) sharing one prefill, "
+        "as an evaluation of a static sweep does; B / R prompts per batch",
+    )  # fmt: skip
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -118,8 +123,14 @@ def main() -> None:
         loop_seconds += record.seconds
     loop_tps = loop_tokens / loop_seconds
     prompt_len = sum(p.shape[1] for p in prompts) // len(prompts)
+    rules = ["exact"] + [f"static:{w / 10:g}" for w in range(9, 0, -1)]
+    if not 1 <= args.rules_per_prompt <= len(rules):
+        parser.error(f"--rules-per-prompt must be between 1 and {len(rules)}")
+    rules = rules[: args.rules_per_prompt]
     for b in sizes:
-        requests = [SampleRequest(prompts[i], "exact", seed=i) for i in range(b)]
+        requests = [SampleRequest(prompts[i], rule, seed=i) for i in range(max(1, b // len(rules))) for rule in rules][
+            :b
+        ]
         with _Timing() as timing:
             start = time.perf_counter()
             out = list(sample_batched(target, draft, requests, config, batch_size=b))
@@ -145,7 +156,8 @@ def main() -> None:
         )
 
     print(f"CPU {cpu_capability()}, dtype {dtype}, {args.threads} threads, {args.max_new_tokens} new tokens, "
-          f"T=1, N={args.num_assistant_tokens}, exact SD, GSM8K test prompts (~{prompt_len} tokens)\n")  # fmt: skip
+          f"T=1, N={args.num_assistant_tokens}, GSM8K test prompts (~{prompt_len} tokens), sampler rules per prompt: "
+          f"{', '.join(rules)} (one shared prefill); real loop: exact SD\n")  # fmt: skip
     print("| engine | B | tokens | seconds | prefill s | tok/s | × loop | decode tok/s | s/step | bare target+draft "
           "s/step | step / bare | peak RSS GiB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -66,7 +66,11 @@ class SamplerConfig:
 
     ``temperature``, ``top_k``, ``top_p`` and ``repetition_penalty`` override the target's generation config as
     ``generate`` kwargs do; the processors are built by transformers exactly as ``generate`` builds them and
-    applied once to the target's and once to the draft's logits (p_t and q_t).
+    applied once to the target's and once to the draft's logits (p_t and q_t). transformers' drafter hides a
+    generated pad token (a ``pad_token_id`` that is not an EOS id) from the draft's later context; the sampler
+    does not, so its law is that of ``generate`` with ``pad_token_id`` set to an EOS id, which
+    :meth:`generate_kwargs` pins when ``eos_token_id`` is given (it changes nothing where the pad is an EOS id,
+    as in Qwen2.5 chat models, or never generated).
     """
 
     max_new_tokens: int = 128

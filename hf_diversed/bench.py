@@ -47,6 +47,8 @@ __all__ = [
     "analytic_speedup",
     "config_from_args",
     "tau_speedup",
+    "wilson_interval",
+    "bootstrap_interval",
     "expand_methods",
     "load_records",
     "main",
@@ -714,8 +716,8 @@ def run_bench(config: BenchConfig) -> dict:
     methods = [BenchMethod(label) for label in config.methods]
     done = {record_key(r) for r in load_records(results_path)}
 
-    # (key, task, temperature, method, index, n, engine): the timed loop first, examples outermost so machine
-    # drift hits all methods alike; then every example through the sampler.
+    # (key, task, temperature, method, index, n, engine): the timed loop's examples outermost so machine drift
+    # hits all methods alike; every example through the sampler.
     plan = []
     for task_name in config.tasks:
         for temperature in config.temperatures:
@@ -846,6 +848,9 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
         )
 
     try:
+        # The full sample first (quality and acceptance), then the timed subset.
+        if sampler_todo:
+            _run_sampler(config, sampler_todo, prompt, write, target, draft, lora, head)
         bar = tqdm(loop_todo, desc="bench (timed loop)", unit="gen", disable=not config.progress, dynamic_ncols=True)
         for _key, task_name, temperature, method, index, n, _engine in bar:
             bar.set_postfix_str(f"{task_name} T={temperature:g} {method.label}" + (f" N={n}" if n else ""))
@@ -854,8 +859,6 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
                               n=n, seed=config.seed + index)  # fmt: skip
             write(task_name, index, temperature, method, n, "loop", record.new_tokens, record.seconds, record.stats)
         bar.close()
-        if sampler_todo:
-            _run_sampler(config, sampler_todo, prompt, write, target, draft, lora, head)
     finally:
         writer.close()
 
@@ -904,6 +907,28 @@ def _run_sampler(config, todo, prompt, write, target, draft, lora, head) -> None
 # ------------------------------------------------------------------------------------------------ summary
 
 
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """95% Wilson score interval of a proportion (0/1 rewards): robust near 0 and 1 and for small n."""
+    if n <= 0:
+        return None
+    phat = successes / n
+    center = (phat + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def bootstrap_interval(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """95% percentile bootstrap interval of a mean (deterministic: a fixed seed)."""
+    import random
+
+    if len(values) < 2:
+        return None
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(resamples))
+    return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -940,11 +965,17 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
 
     ar_groups = {key[: len(AR_FIELDS)]: loop(recs) for key, recs in groups.items() if key[method_at] == "ar"}
     # The target alone has exact SD's law: its quality is exact SD's sampled quality (same examples and seeds).
-    exact_sampled = {
-        key[: len(AR_FIELDS)]: [r for r in recs if r.get("engine") == "sampler"]
-        for key, recs in sorted(groups.items(), key=lambda kv: str(kv[0]))
-        if key[method_at] == "exact"
-    }
+    exact_all: dict[tuple, list[dict]] = defaultdict(list)
+    for key, recs in groups.items():
+        if key[method_at] == "exact":
+            exact_all[key[: len(AR_FIELDS)]] += [r for r in recs if r.get("engine") == "sampler"]
+
+    def exact_records(ar_key: tuple, n: int | None) -> list[dict]:
+        """Exact SD's sampled records at draft length n (the smallest N sampled when n is None or absent)."""
+        recs = exact_all.get(ar_key, [])
+        ns = sorted({r["N"] for r in recs})
+        use = n if n in ns else (ns[0] if ns else None)
+        return [r for r in recs if r["N"] == use]
 
     rows = []
     for key, recs in groups.items():
@@ -952,8 +983,8 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
         row = dict(zip(GROUP_FIELDS, key, strict=True))
         timed = loop(recs)
         sampled = [r for r in recs if r.get("engine") == "sampler"]
-        if row["method"] == "ar" and exact_sampled.get(key[: len(AR_FIELDS)]):
-            sampled, row["quality_from"] = exact_sampled[key[: len(AR_FIELDS)]], "sampler (exact SD: same law)"
+        if row["method"] == "ar" and exact_records(key[: len(AR_FIELDS)], None):
+            sampled, row["quality_from"] = exact_records(key[: len(AR_FIELDS)], None), "sampler (exact SD: same law)"
         else:
             row["quality_from"] = "sampler" if sampled else "loop"
         measured = sampled or timed  # quality and acceptance: the full sample where the sampler ran
@@ -970,6 +1001,27 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
             quality_stderr=None if len(quality) < 2 else _std(quality) * scale / math.sqrt(len(quality)),
             truncated_rate=sum(r["new_tokens"] >= r["max_new_tokens"] for r in measured) / len(measured),
         )  # fmt: skip
+        interval = None
+        if quality and all(q in (0.0, 1.0) for q in quality):
+            interval = wilson_interval(sum(quality), len(quality))
+        elif quality:
+            interval = bootstrap_interval(quality)
+        row["quality_ci"] = None if interval is None else [interval[0] * scale, interval[1] * scale]
+        # Paired difference to the target alone (exact SD's sampled law): same examples, same seeds.
+        row["paired_diff"] = row["paired_diff_ci"] = None
+        reference = {r["example_index"]: r.get("quality") for r in exact_records(key[: len(AR_FIELDS)], row["N"])}
+        if row["method"] not in ("ar", "exact") and sampled and reference:
+            diffs = [
+                (r["quality"] - reference[r["example_index"]]) * scale
+                for r in sampled
+                if r["example_index"] in reference and r.get("quality") is not None
+                and reference[r["example_index"]] is not None
+            ]  # fmt: skip
+            if diffs:
+                row["paired_diff"] = _mean(diffs)
+                ci = bootstrap_interval(diffs)
+                row["paired_diff_ci"] = None if ci is None else list(ci)
+                row["paired_n"] = len(diffs)
         own = [r for r in recs if r.get("engine") == "sampler"] or timed
         with_stats = [r for r in own if r.get("drafted") is not None]
         if with_stats:
@@ -1124,7 +1176,8 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
     if fixed:
         lines += ["; ".join(fixed), ""]
     extra_cols = [f for f in fields if vary[f]]
-    header = ["task", "T", *extra_cols, "method", "N", "n", "quality (×100)", "acceptance", "per position",
+    header = ["task", "T", *extra_cols, "method", "N", "n", "quality (×100) [95% CI]", "Δ vs target [95% CI]",
+              "acceptance", "per position",
               "accepted/round", "mean w", "mean TV", "cut at max", "n timed", "tok/s", "speedup",
               "τ model (v=1)", "i.i.d. model (v=1)"]  # fmt: skip
     lines.append("| " + " | ".join(header) + " |")
@@ -1143,14 +1196,19 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
             speed += f" (ar n={r['n_ar']}; matched {_fmt(r['speedup_matched'], '.2f', '×')})"
             any_fewer = True
         quality = _fmt(r["quality"], ".1f")
-        if r["quality_stderr"] is not None:
-            quality += f" ± {r['quality_stderr']:.1f}"
+        if r.get("quality_ci"):
+            quality += f" [{r['quality_ci'][0]:.1f}, {r['quality_ci'][1]:.1f}]"
+        diff = "-"
+        if r.get("paired_diff") is not None:
+            diff = f"{r['paired_diff']:+.1f}"
+            if r.get("paired_diff_ci"):
+                diff += f" [{r['paired_diff_ci'][0]:+.1f}, {r['paired_diff_ci'][1]:+.1f}]"
         if r.get("quality_from", "").startswith("sampler (exact"):
             quality += " ᵉ"
         elif r.get("quality_from") == "loop":
             quality += " ˡ"
         cells = [r["task"], f"{r['temperature']:g}", *[_short(_str(r.get(c))) for c in extra_cols], r["method"],
-                 _fmt(r["N"], "d"), str(r["n"]), quality, pct(r["acceptance_rate"]),
+                 _fmt(r["N"], "d"), str(r["n"]), quality, diff, pct(r["acceptance_rate"]),
                  pct(r.get("verified_acceptance_rate")), _fmt(r["mean_accepted_per_round"], ".2f"),
                  _fmt(r["mean_weight"], ".2f"), _fmt(r.get("mean_tv"), ".3f"),
                  _fmt(100 * r["truncated_rate"], ".0f", "%"),
@@ -1178,8 +1236,10 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
         ),
         "Acceptance: accepted / drafted tokens (drafts thrown away after a rejection count as drafted, the "
         "Spec-Bench figure); per position: accepted / verified. Accepted/round counts the bonus (correction) "
-        "token. Quality: task metric ×100 (ROUGE-2 F1 is already ×100) ± standard error over examples. Cut at "
-        "max: share of completions that reached --max-new-tokens.",
+        "token. Quality: task metric ×100 (ROUGE-2 F1 is already ×100) with a 95% interval (Wilson for 0/1 "
+        "rewards, bootstrap for ROUGE). Δ vs target: paired difference to exact SD's sampled quality (the target's "
+        "law) on the same examples and seeds, with a bootstrap 95% interval. Cut at max: share of completions that "
+        "reached --max-new-tokens.",
         "",
         "Speed models, with measured v (and v = 1 in parentheses): τ model = τ / (N·c + v) with τ the measured "
         f"accepted/round; i.i.d. model: {summary.get('assumptions', '')}",

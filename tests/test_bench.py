@@ -267,3 +267,30 @@ def test_expand_methods():
         "ar", "exact", "static:0.5", "static:0.9", "cascade-opt:0.1",
     )  # fmt: skip
     assert bench.expand_methods(None, head="h") == ("ar", "exact", "diversed")
+
+
+def test_intervals_and_paired_differences():
+    assert bench.wilson_interval(0, 10)[0] == 0.0 and 0.25 < bench.wilson_interval(0, 10)[1] < 0.35
+    low, high = bench.wilson_interval(15, 48)
+    assert low < 15 / 48 < high and high - low == pytest.approx(0.26, abs=0.02)
+    low, high = bench.bootstrap_interval([1.0, 2.0, 3.0, 4.0] * 25)
+    assert low < 2.5 < high and high - low < 0.5
+    assert bench.bootstrap_interval([1.0, 2.0]) == bench.bootstrap_interval([1.0, 2.0])  # deterministic
+
+    def record(method, index, quality, engine="sampler"):
+        return dict(task="gsm8k", split="test", temperature=1.0, target="t", max_new_tokens=8, dtype="float32",
+                    seed=0, method=method, N=None if method == "ar" else 5, draft=None if method == "ar" else "d",
+                    head=None, lora_draft=None, engine=engine, example_index=index, quality=quality,
+                    metric="exact_match", new_tokens=8, seconds=1.0 if engine == "loop" else None,
+                    drafted=None if method == "ar" else 10, accepted=5, rounds=3, verified=6,
+                    weight_sum=3.0)  # fmt: skip
+
+    exact = [record("exact", i, float(i % 2)) for i in range(20)]
+    static = [record("static:0.5", i, 1.0) for i in range(20)]
+    rows = {r["method"]: r for r in bench.summarize_records(exact + static + [record("ar", 0, 0.0, "loop")])}
+    assert rows["static:0.5"]["paired_diff"] == pytest.approx(50.0) and rows["static:0.5"]["paired_n"] == 20
+    low, high = rows["static:0.5"]["paired_diff_ci"]
+    assert 25 < low < 50 < high <= 75
+    assert rows["exact"]["quality"] == pytest.approx(50.0) and rows["exact"]["paired_diff"] is None
+    assert rows["ar"]["quality"] == pytest.approx(50.0) and rows["ar"]["n"] == 20  # exact SD's law
+    assert rows["static:0.5"]["quality_ci"][1] == pytest.approx(100.0)
