@@ -16,7 +16,16 @@ from .decoding import DiversedGenerateOutput
 from .hub import load_head
 from .modeling_diversed_head import DiversedHead
 from .stats import DiversedStats
-from .verification import Diversed, ExactSD, LossySD, SpecCascade, StaticEnsemble, VerificationRule, parse_rule
+from .verification import (
+    Diversed,
+    ExactSD,
+    LossySD,
+    SpecCascade,
+    StaticEnsemble,
+    TokenClassEnsemble,
+    VerificationRule,
+    parse_rule,
+)
 
 __version__ = "0.1.0"
 
@@ -33,6 +42,7 @@ __all__ = [
     "SamplerConfig",
     "SpecCascade",
     "StaticEnsemble",
+    "TokenClassEnsemble",
     "VerificationRule",
     "last_stats",
     "load_head",

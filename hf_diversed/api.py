@@ -87,7 +87,9 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     bound = _GENERATE_SIGNATURE.bind_partial(model, *args, **kwargs).arguments
     extra = bound.get("kwargs", {})
     draft = bound.get("assistant_model")
-    rule: VerificationRule = parse_rule(verifier_arg) if verifier_arg is not None else Diversed()
+    rule: VerificationRule = (
+        parse_rule(verifier_arg, tokenizer=extra.get("tokenizer")) if verifier_arg is not None else Diversed()
+    )
     if head_arg is not None and not rule.needs_head:
         raise ValueError(
             f"`diversed_head` is only used by the DIVERSED rule, but `diversed_verifier` selects {rule.spec()!r}. "

@@ -29,6 +29,8 @@ __all__ = [
     "LossySD",
     "SpecCascade",
     "StaticEnsemble",
+    "TOKEN_CLASSES",
+    "TokenClassEnsemble",
     "Verdict",
     "VerificationRule",
     "parse_rule",
@@ -261,6 +263,64 @@ class Diversed(_MixtureRule):
         return head_weight
 
 
+def _has_digit(text: str) -> bool:
+    return any(ch.isdigit() for ch in text)
+
+
+# Named token classes for ``TokenClassEnsemble.from_tokenizer`` and ``"token-class:NAME:W"`` specs: a predicate
+# on a token's decoded text.
+TOKEN_CLASSES = {"digits": _has_digit}
+
+
+@dataclass(frozen=True)
+class TokenClassEnsemble(_MixtureRule):
+    """Exact verification where a token of a class is likely next, a static ensemble with weight w elsewhere.
+
+    w_t = 1 if argmax p_t or argmax q_t is in the class S (a set of token ids), else w. The weight depends on
+    the context only (both models' most likely next tokens), never on the drafted token, so this is a mixture
+    rule like DIVERSED with a hand-made head: acceptance 1 - w_t TV(p_t, q_t) in expectation, residual
+    norm(max(0, p_t - q_t)), output law nu_t = w_t p_t + (1 - w_t) q_t. With S = the tokens containing a digit
+    and w = 0, GSM8K answers keep the target's numbers while everything else is the draft's.
+    Greedy: accept iff x = argmax nu_t.
+    """
+
+    token_ids: frozenset = frozenset()
+    weight: float = 0.0
+    label: str = "ids"
+    name = "token-class"
+
+    def __post_init__(self):
+        _check_unit_interval("TokenClassEnsemble weight w", self.weight, "TokenClassEnsemble(ids, 0.0)")
+        ids = frozenset(int(i) for i in self.token_ids)
+        if not ids:
+            raise ValueError(
+                "TokenClassEnsemble needs a non-empty set of token ids; build it with "
+                'TokenClassEnsemble.from_tokenizer(tokenizer, "digits", weight) or pass token_ids=...'
+            )
+        object.__setattr__(self, "token_ids", ids)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, token_class: str = "digits", weight: float = 0.0) -> TokenClassEnsemble:
+        """The class ``token_class`` (a name in :data:`TOKEN_CLASSES` or a predicate on a token's text)."""
+        predicate = TOKEN_CLASSES.get(token_class) if isinstance(token_class, str) else token_class
+        if predicate is None:
+            raise ValueError(
+                f"Unknown token class {token_class!r}; use one of {', '.join(TOKEN_CLASSES)} or pass a predicate "
+                "str -> bool on a token's decoded text."
+            )
+        ids = [i for i in range(len(tokenizer)) if predicate(tokenizer.decode([i]))]
+        label = token_class if isinstance(token_class, str) else getattr(token_class, "__name__", "custom")
+        return cls(frozenset(ids), weight, label)
+
+    def weights(self, p, q, head_weight):
+        ids = torch.tensor(sorted(self.token_ids), device=p.device)
+        in_class = torch.isin(p.argmax(-1), ids) | torch.isin(q.argmax(-1), ids)
+        return torch.where(in_class, torch.ones_like(p[..., 0]), torch.full_like(p[..., 0], self.weight))
+
+    def spec(self) -> str:
+        return f"token-class:{self.label}:{self.weight:g}"
+
+
 _CASCADE_RULES = ("chow", "diff", "opt")
 
 
@@ -338,11 +398,16 @@ def _check_unit_interval(what: str, value: float, example: str) -> None:
 
 
 _SPEC = re.compile(r"^(?P<name>[a-z]+)(?:-(?P<variant>[a-z]+))?(?::(?P<value>[^:]+))?$")
-RULE_SPECS = ("exact", "diversed", "static:W", "lossy:L", "cascade-chow:A", "cascade-diff:A", "cascade-opt:A")
+RULE_SPECS = (
+    "exact", "diversed", "static:W", "lossy:L", "cascade-chow:A", "cascade-diff:A", "cascade-opt:A",
+    "token-class:CLASS:W",
+)  # fmt: skip
+_TOKEN_CLASS_SPEC = re.compile(r"^token-class:(?P<label>[a-z_]+)(?::(?P<value>[^:]+))?$")
 
 
-def parse_rule(spec: str | VerificationRule) -> VerificationRule:
-    """Turn ``"exact"``, ``"diversed"``, ``"static:0.5"``, ``"lossy:0.7"``, ``"cascade-opt:0.1"`` into a rule.
+def parse_rule(spec: str | VerificationRule, tokenizer=None) -> VerificationRule:
+    """Turn ``"exact"``, ``"diversed"``, ``"static:0.5"``, ``"lossy:0.7"``, ``"cascade-opt:0.1"`` or
+    ``"token-class:digits:0"`` (needs ``tokenizer``, whose vocabulary defines the class) into a rule.
 
     A :class:`VerificationRule` instance is returned unchanged.
     """
@@ -353,8 +418,23 @@ def parse_rule(spec: str | VerificationRule) -> VerificationRule:
             f"`diversed_verifier` expects a rule name or a VerificationRule, got {type(spec).__name__}. "
             f'Pass e.g. diversed_verifier="static:0.5" or hf_diversed.StaticEnsemble(0.5).'
         )
-    match = _SPEC.match(spec.strip().lower())
     hint = f"Valid forms: {', '.join(RULE_SPECS)}."
+    token_class = _TOKEN_CLASS_SPEC.match(spec.strip().lower())
+    if token_class is not None:
+        label, value = token_class["label"], token_class["value"]
+        if label not in TOKEN_CLASSES:
+            raise ValueError(f"Rule {spec!r}: unknown token class {label!r}; use one of {', '.join(TOKEN_CLASSES)}.")
+        try:
+            weight = float(value) if value is not None else 0.0
+        except ValueError:
+            raise ValueError(f"Rule {spec!r} has a non-numeric weight {value!r}. {hint}") from None
+        if tokenizer is None:
+            raise ValueError(
+                f"Rule {spec!r} needs the tokenizer to find the {label!r} tokens: pass tokenizer=... to generate "
+                f'(or build hf_diversed.TokenClassEnsemble.from_tokenizer(tokenizer, "{label}", {weight:g})).'
+            )
+        return TokenClassEnsemble.from_tokenizer(tokenizer, label, weight)
+    match = _SPEC.match(spec.strip().lower())
     if match is None:
         raise ValueError(f"Unknown verification rule {spec!r}. {hint}")
     name, variant, value = match["name"], match["variant"], match["value"]

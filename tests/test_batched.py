@@ -24,11 +24,14 @@ import torch
 from conftest import build_pair, prompts
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_diversed import DiversedHead
+from hf_diversed import DiversedHead, TokenClassEnsemble
 from hf_diversed.batched import SamplerConfig, SampleRequest, _Sampler, sample_batched
 
 ALPHA = 2e-6
-RULES = ["exact", "static:0.5", "lossy:0.7", "cascade-opt:0.1", "cascade-chow:0.3", "cascade-diff:0.1", "diversed"]
+RULES = [
+    "exact", "static:0.5", "lossy:0.7", "cascade-opt:0.1", "cascade-chow:0.3", "cascade-diff:0.1", "diversed",
+    TokenClassEnsemble(frozenset(range(3, 40)), 0.2),
+]  # fmt: skip
 
 
 def _random_head(target, draft, scale: float = 0.5, seed: int = 0) -> DiversedHead:

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from hf_diversed import Diversed, ExactSD, LossySD, SpecCascade, StaticEnsemble, parse_rule
+from hf_diversed import Diversed, ExactSD, LossySD, SpecCascade, StaticEnsemble, TokenClassEnsemble, parse_rule
 from hf_diversed.verification import total_variation
 
 V, N, EPS, ACC_EPS = 8, 200_000, 0.007, 0.006
@@ -26,6 +26,8 @@ RULES = [
     SpecCascade("chow", 0.4),
     SpecCascade("diff", 0.1),
     SpecCascade("opt", 0.5),
+    TokenClassEnsemble(frozenset({0, 3}), 0.2),
+    TokenClassEnsemble(frozenset({5}), 0.6),
 ]
 
 
@@ -181,3 +183,45 @@ def test_parse_rule(spec, expected):
 def test_bad_rules_raise_with_fix(bad, message):
     with pytest.raises(ValueError, match=message):
         parse_rule(bad)
+
+
+def test_token_class_weight_is_exact_where_a_class_token_is_likely():
+    """w_t = 1 where argmax p_t or argmax q_t is in the class, the rule's w elsewhere."""
+    rule = TokenClassEnsemble(frozenset({2, 5}), 0.25)
+    p = torch.tensor([[0.1, 0.1, 0.6, 0.2, 0, 0, 0, 0], [0.7, 0.1, 0.1, 0.1, 0, 0, 0, 0], [0.9, 0, 0, 0, 0, 0.1, 0, 0]])
+    q = torch.tensor([[0.9, 0.1, 0, 0, 0, 0, 0, 0], [0.1, 0.1, 0.1, 0.1, 0, 0.6, 0, 0], [0.9, 0, 0, 0, 0, 0.1, 0, 0]])
+    p, q = p.unsqueeze(0), q.unsqueeze(0)  # (B=1, gamma=3, V=8): argmax p in the class, argmax q in it, neither
+    assert rule.weights(p, q, None).tolist() == [[1.0, 1.0, 0.25]]
+    assert rule.spec() == "token-class:ids:0.25"
+    with pytest.raises(ValueError, match="non-empty"):
+        TokenClassEnsemble(frozenset(), 0.0)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        TokenClassEnsemble(frozenset({1}), 1.5)
+
+
+def test_token_class_from_a_tokenizer_and_as_a_generate_argument(llama_pair):
+    from conftest import chat_tokenizer
+
+    tokenizer = chat_tokenizer(["The answer is 42 and 7 apples cost 3.50 dollars, 100 in all."])
+    rule = parse_rule("token-class:digits:0.1", tokenizer=tokenizer)
+    assert isinstance(rule, TokenClassEnsemble) and rule.weight == 0.1 and rule.label == "digits"
+    assert rule.token_ids == {i for i in range(len(tokenizer)) if any(c.isdigit() for c in tokenizer.decode([i]))}
+    assert rule.spec() == "token-class:digits:0.1" and len(rule.token_ids) >= 10
+    assert parse_rule("token-class:digits", tokenizer=tokenizer).weight == 0.0
+    with pytest.raises(ValueError, match="tokenizer="):
+        parse_rule("token-class:digits:0")
+    with pytest.raises(ValueError, match="unknown token class"):
+        parse_rule("token-class:vowels:0", tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="Unknown token class"):
+        TokenClassEnsemble.from_tokenizer(tokenizer, "vowels")
+
+    target, draft = llama_pair  # vocabulary 128: the chat tokenizer's first 128 ids stand in
+    ids = torch.tensor([[5, 17, 42, 9]])
+    small = TokenClassEnsemble(frozenset(i for i in rule.token_ids if i < 128) or frozenset({3}), 0.1)
+    out = target.generate(
+        ids, assistant_model=draft, diversed_verifier=small, max_new_tokens=12, do_sample=False,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert out.sequences.shape[1] > ids.shape[1] and 0.1 <= out.diversed_stats.mean_weight <= 1.0
+    with pytest.raises(ValueError, match="tokenizer="):
+        target.generate(ids, assistant_model=draft, diversed_verifier="token-class:digits:0", max_new_tokens=4)
