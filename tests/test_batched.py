@@ -68,8 +68,9 @@ def _assert_same(real_tokens, real_stats, result, what: str) -> None:
         assert getattr(real_stats, name) == pytest.approx(getattr(result.stats, name), abs=1e-4), what
 
 
+@pytest.mark.parametrize("batch_size", [5, 1], ids=["mixed-batch", "batch-1"])
 @pytest.mark.parametrize("num_tokens, schedule", [(1, "constant"), (3, "constant"), (5, "constant"), (2, "heuristic")])
-def test_greedy_equals_real_loop_in_a_mixed_batch(pair, num_tokens, schedule):
+def test_greedy_equals_real_loop(pair, num_tokens, schedule, batch_size):
     target, draft, head = pair
     config = SamplerConfig(
         max_new_tokens=20, do_sample=False, num_assistant_tokens=num_tokens,
@@ -81,8 +82,8 @@ def test_greedy_equals_real_loop_in_a_mixed_batch(pair, num_tokens, schedule):
         for i, p in enumerate(ids)
         for rule in RULES
     ]
-    # 21 rows through 5 slots: rows finish, leave and are replaced mid-run, prompts of different lengths mix.
-    results = list(sample_batched(target, draft, requests, config, batch_size=5))
+    # 24 rows through 5 slots: rows finish, leave and are replaced mid-run, prompts of different lengths mix.
+    results = list(sample_batched(target, draft, requests, config, batch_size=batch_size))
     assert sorted(r.index for r in results) == list(range(len(requests)))
     for result in results:
         i, rule = result.tag
