@@ -28,7 +28,8 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
 
     One panel per (task, temperature), in the order the rows come. The static-ensemble sweep (``static:W``)
     is drawn as a connected frontier line with its w values as labels (one line per draft length N); every
-    other method is a labelled point; the autoregressive quality is a dashed horizontal reference line.
+    other method is a labelled point with its 95% quality interval; the target alone's quality (``ar``, else
+    exact SD's, the same law) is a dashed horizontal reference line.
     Returns the path, or
     None when no row has both values (nothing is written then).
     """
@@ -52,9 +53,10 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
     axes = fig.subplots(nrows, cols, squeeze=False)
     for ax, ((task, temperature), panel) in zip(axes.flat, panels.items(), strict=False):
         multi_n = len({r.get("N") for r in panel if r.get("N")}) > 1
-        for row in panel:
-            if row["method"] == "ar" and _ok(row.get("quality")):
-                ax.axhline(row["quality"], color="grey", linestyle="--", linewidth=1, label="ar (target alone)")
+        reference = next((r for r in panel if r["method"] == "ar" and _ok(r.get("quality"))), None)
+        reference = reference or next((r for r in panel if r["method"] == "exact" and _ok(r.get("quality"))), None)
+        if reference is not None:  # exact SD has the target's law: its quality is the target alone's
+            ax.axhline(reference["quality"], color="grey", linestyle="--", linewidth=1, label="target alone")
         sweeps: dict[object, list[dict]] = defaultdict(list)
         for row in panel:
             if row["method"].startswith("static:") and _ok(_x_value(row, x)) and _ok(row.get("quality")):
@@ -77,8 +79,12 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
             if not (_ok(xv) and _ok(yv)):
                 continue
             label = row["method"] + (f" N={row['N']}" if multi_n and row.get("N") else "")
-            err = row.get("quality_stderr")
-            ax.errorbar([xv], [yv], yerr=[err] if _ok(err) else None, fmt="s", markersize=5, capsize=2)
+            ci, err = row.get("quality_ci"), row.get("quality_stderr")
+            if ci and all(_ok(c) for c in ci):  # the 95% interval, asymmetric (Wilson / bootstrap)
+                yerr = [[max(0.0, yv - ci[0])], [max(0.0, ci[1] - yv)]]
+            else:
+                yerr = [err] if _ok(err) else None
+            ax.errorbar([xv], [yv], yerr=yerr, fmt="s", markersize=5, capsize=2)
             ax.annotate(label, (xv, yv), textcoords="offset points", xytext=(4, -10), fontsize=7)
         metric = next((r.get("metric") for r in panel if r.get("metric")), "quality")
         ax.set_title(f"{task}, T={temperature:g}")
