@@ -25,7 +25,7 @@ from conftest import build_pair, prompts
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_diversed import DiversedHead
-from hf_diversed.batched import SamplerConfig, SampleRequest, _Sampler, sample_batched
+from hf_diversed.generation.batched import SamplerConfig, SampleRequest, _Sampler, sample_batched
 
 ALPHA = 2e-6
 RULES = ["exact", "static:0.5", "lossy:0.7", "cascade-opt:0.1", "cascade-chow:0.3", "cascade-diff:0.1", "diversed"]
