@@ -17,13 +17,13 @@ import time
 
 import torch
 
-from hf_diversed import batched
-from hf_diversed.batched import SamplerConfig, SampleRequest, sample_batched
-from hf_diversed.demo import load_pair
-from hf_diversed.dtypes import cpu_capability, resolve_dtype
-from hf_diversed.methods import Method, timed_generate
-from hf_diversed.real_models import DRAFT_NAME, TARGET_NAME
-from hf_diversed.tasks import get_task
+from hf_diversed.evaluation.demo import load_pair
+from hf_diversed.evaluation.methods import Method, timed_generate
+from hf_diversed.evaluation.real_models import DRAFT_NAME, TARGET_NAME
+from hf_diversed.evaluation.tasks import get_task
+from hf_diversed.generation import batched
+from hf_diversed.generation.batched import SamplerConfig, SampleRequest, sample_batched
+from hf_diversed.modeling.dtypes import cpu_capability, resolve_dtype
 
 
 def _peak_rss_gib() -> float:

@@ -7,16 +7,13 @@
 
 from transformers import AutoConfig, AutoModel
 
-from . import _compat
-from .api import decoding_loop, diversed_generate, last_stats
-from .batched import SamplerConfig, SampleRequest, sample_batched
-from .candidate_generator import DiversedCandidateGenerator
-from .configuration_diversed_head import DiversedHeadConfig
-from .decoding import DiversedGenerateOutput
-from .hub import load_head
-from .modeling_diversed_head import DiversedHead
-from .stats import DiversedStats
-from .verification import (
+from .generation import _compat
+from .generation.api import decoding_loop, diversed_generate, last_stats
+from .generation.batched import SamplerConfig, SampleRequest, sample_batched
+from .generation.candidate_generator import DiversedCandidateGenerator
+from .generation.decoding import DiversedGenerateOutput
+from .generation.stats import DiversedStats
+from .generation.verification import (
     Diversed,
     ExactSD,
     LossySD,
@@ -26,6 +23,9 @@ from .verification import (
     VerificationRule,
     parse_rule,
 )
+from .modeling.configuration_diversed_head import DiversedHeadConfig
+from .modeling.hub import load_head
+from .modeling.modeling_diversed_head import DiversedHead
 
 __version__ = "0.1.0"
 

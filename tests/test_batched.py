@@ -25,7 +25,7 @@ from conftest import build_pair, prompts
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_diversed import DiversedHead, TokenClassEnsemble
-from hf_diversed.batched import SamplerConfig, SampleRequest, _Sampler, sample_batched
+from hf_diversed.generation.batched import SamplerConfig, SampleRequest, _Sampler, sample_batched
 
 ALPHA = 2e-6
 RULES = [

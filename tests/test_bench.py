@@ -11,8 +11,9 @@ import torch
 from conftest import chat_model, chat_tokenizer
 from transformers import LlamaForCausalLM
 
-from hf_diversed import DiversedHead, bench
-from hf_diversed.tasks import default_data_dir
+from hf_diversed import DiversedHead
+from hf_diversed.evaluation import bench
+from hf_diversed.evaluation.tasks import default_data_dir
 
 METHODS = ["ar", "exact", "lossy:0.5", "cascade-opt:0.2", "diversed", "static:0.3", "static:0.7"]
 
@@ -139,7 +140,7 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
         raise AssertionError("a finished run must not load models again")
 
     with monkeypatch.context() as m:
-        m.setattr(bench, "_load_models", no_models)
+        m.setattr(bench.runner, "_load_models", no_models)
         assert bench.main(_argv(setup, out)) == 0
         assert bench.main(_argv(setup, out, "--summarize-only")) == 0
     assert _lines(results) == records

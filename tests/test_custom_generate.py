@@ -27,7 +27,7 @@ from conftest import EOS, prompts
 from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
 from hf_diversed import Diversed, DiversedHead
-from hf_diversed.hub import push_head_folder, seed_hf_cache, write_custom_generate
+from hf_diversed.modeling.hub import push_head_folder, seed_hf_cache, write_custom_generate
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "hf_diversed" / "custom_generate" / "generate.py"

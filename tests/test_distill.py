@@ -11,8 +11,8 @@ import torch
 from conftest import chat_model, chat_tokenizer
 from transformers import LlamaForCausalLM
 
-from hf_diversed.distill import DraftDistillConfig, build_distill_dataset, distill_draft
-from hf_diversed.tasks import default_data_dir
+from hf_diversed.evaluation.tasks import default_data_dir
+from hf_diversed.trainer.distill_trainer import DraftDistillConfig, build_distill_dataset, distill_draft
 
 pytest.importorskip("peft")
 pytest.importorskip("trl")

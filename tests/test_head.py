@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModel
 
 import hf_diversed
 from hf_diversed import DiversedHead, DiversedHeadConfig, load_head
-from hf_diversed.hub import seed_hf_cache
+from hf_diversed.modeling.hub import seed_hf_cache
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,7 @@ def test_public_api_is_small_and_sorted():
 def test_push_head_folder_uploads_head_and_card_only(tmp_path, monkeypatch):
     import huggingface_hub
 
-    from hf_diversed.hub import push_head_folder
+    from hf_diversed.modeling.hub import push_head_folder
 
     calls = {}
 

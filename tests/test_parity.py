@@ -21,7 +21,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from hf_diversed import DiversedHead, decoding
+from hf_diversed import DiversedHead
+from hf_diversed.generation import decoding
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,7 @@ def test_without_diversed_arguments_generate_is_upstream(pair):
     ids = prompts(1)[0]
     torch.manual_seed(0)
     a = target.generate(ids, max_new_tokens=10, do_sample=True)
-    from hf_diversed import _compat
+    from hf_diversed.generation import _compat
 
     torch.manual_seed(0)
     b = _compat.original_generate(target, ids, max_new_tokens=10, do_sample=True)

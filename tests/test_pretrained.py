@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_diversed import DiversedHead, DiversedHeadConfig
-from hf_diversed.pretrained import PRETRAINED_HEADS, available_heads, export_head_repo, head_for_task
+from hf_diversed.modeling.pretrained import PRETRAINED_HEADS, available_heads, export_head_repo, head_for_task
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_HUB_ID, DRAFT_HUB_ID = "Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"
@@ -96,7 +96,7 @@ def test_seeded_heads_load_by_hub_id_without_network(tmp_path, network):
         """
         from safetensors.torch import load_file
         from hf_diversed import load_head
-        from hf_diversed.pretrained import PRETRAINED_HEADS
+        from hf_diversed.modeling.pretrained import PRETRAINED_HEADS
         for h in PRETRAINED_HEADS:
             head = load_head(h.repo_id)
             expected = load_file(str(h.folder / "model.safetensors"))
@@ -138,9 +138,9 @@ def test_bundled_gsm8k_head_on_the_real_pair_hf_diversed_equals_custom_generate(
     pytest.importorskip("gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hf_diversed.pretrained import seed_pretrained_heads
-    from hf_diversed.real_models import ensure_pair
-    from hf_diversed.tasks import get_task
+    from hf_diversed.evaluation.real_models import ensure_pair
+    from hf_diversed.evaluation.tasks import get_task
+    from hf_diversed.modeling.pretrained import seed_pretrained_heads
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_diversed import real_models as rm
-from hf_diversed.real_models import ChecksumError, ModelSpec, RealModelError
+from hf_diversed.evaluation import real_models as rm
+from hf_diversed.evaluation.real_models import ChecksumError, ModelSpec, RealModelError
 
 # ----------------------------------------------------------------------------------------------
 # spec table

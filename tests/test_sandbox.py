@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_diversed.sandbox import SandboxResult, run_code, sandbox_info
+from hf_diversed.evaluation.sandbox import SandboxResult, run_code, sandbox_info
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux")
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from hf_diversed.tasks import (
+from hf_diversed.evaluation.tasks import (
     DATA_DIR_ENV,
     TASKS,
     Task,

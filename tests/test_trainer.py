@@ -16,9 +16,9 @@ from conftest import EOS, build_tiny, prompts
 from safetensors.torch import load_file
 
 from hf_diversed import DiversedHeadConfig
-from hf_diversed.modeling_diversed_head import DiversedHead
-from hf_diversed.rollout import collect_rollout, collect_rollouts
+from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
+from hf_diversed.trainer.rollout import collect_rollout, collect_rollouts
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]

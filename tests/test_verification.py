@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_diversed import Diversed, ExactSD, LossySD, SpecCascade, StaticEnsemble, TokenClassEnsemble, parse_rule
-from hf_diversed.verification import total_variation
+from hf_diversed.generation.verification import total_variation
 
 V, N, EPS, ACC_EPS = 8, 200_000, 0.007, 0.006
 

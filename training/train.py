@@ -41,7 +41,7 @@ def parse_config(argv: Sequence[str] | None = None):
     """
     mode, rest = split_mode(argv)
     if mode == "distill_draft":
-        from hf_diversed.distill import DraftDistillConfig
+        from hf_diversed.trainer import DraftDistillConfig
 
         (config,) = TrlParser((DraftDistillConfig,)).parse_args_and_config(rest)
         return config
@@ -50,13 +50,13 @@ def parse_config(argv: Sequence[str] | None = None):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hf_diversed.demo import load_pair
+    from hf_diversed.evaluation.demo import load_pair
 
     config = parse_config(argv)
     if not isinstance(config, DiversedTrainerConfig):
         from accelerate import PartialState
 
-        from hf_diversed.distill import distill_draft
+        from hf_diversed.trainer import distill_draft
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         output_dir = distill_draft(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "diversed_head.md"
+CARD_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "diversed_head.md"
 CARD_FIELDS = ("repo_id", "target_model", "draft_model", "vocab_size", "task", "training", "evaluation")
 
 

@@ -28,7 +28,8 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench, demo, pretrained, real_models
+    from ..evaluation import bench, demo, real_models
+    from ..modeling import pretrained
 
     parser = argparse.ArgumentParser(prog="hf-diversed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

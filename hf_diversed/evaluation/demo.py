@@ -45,14 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .hub import load_head
-    from .modeling_diversed_head import DiversedHead
-    from .pretrained import head_for_task, seed_pretrained_heads
+    from ..modeling.hub import load_head
+    from ..modeling.modeling_diversed_head import DiversedHead
+    from ..modeling.pretrained import head_for_task, seed_pretrained_heads
     from .tasks import get_task
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from .dtypes import cpu_capability, resolve_dtype
+    from ..modeling.dtypes import cpu_capability, resolve_dtype
 
     start = time.perf_counter()
     dtype = resolve_dtype(args.dtype)

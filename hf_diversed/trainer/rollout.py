@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .batched import SamplerConfig, SampleRequest, sample_batched
-from .modeling_diversed_head import DiversedHead
-from .stats import DiversedStats
+from ..generation.batched import SamplerConfig, SampleRequest, sample_batched
+from ..generation.stats import DiversedStats
+from ..modeling.modeling_diversed_head import DiversedHead
 
 __all__ = ["Rollout", "collect_rollout", "collect_rollouts"]
 

@@ -116,7 +116,7 @@ class DraftDistillConfig:
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id for push_to_hub."})
 
     def __post_init__(self):
-        from .tasks import get_task
+        from ..evaluation.tasks import get_task
 
         def integer(name: str, minimum: int) -> None:
             value = getattr(self, name)
@@ -169,7 +169,7 @@ class DraftDistillConfig:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
             raise ValueError(f"`dtype` must be auto, bfloat16, float16 or float32, got {self.dtype!r}.")
         if self.dtype == "auto":
-            from .dtypes import resolve_dtype
+            from ..modeling.dtypes import resolve_dtype
 
             self.dtype = resolve_dtype("auto")
         if self.push_to_hub and not self.hub_model_id:
@@ -233,7 +233,7 @@ def build_distill_dataset(
     """
     import datasets
 
-    from .tasks import get_task
+    from ..evaluation.tasks import get_task
 
     spec = get_task(task)
     rows = spec.load(split, data_dir=data_dir)
@@ -331,7 +331,7 @@ def __getattr__(name: str):
 def _load_missing(config: DraftDistillConfig, target, draft, tokenizer):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .real_models import resolve_model
+    from ..evaluation.real_models import resolve_model
 
     dtype = getattr(torch, config.dtype)
     if tokenizer is None:
@@ -383,7 +383,7 @@ def distill_draft(config: DraftDistillConfig, target=None, draft=None, tokenizer
     The adapter and the tokenizer are saved to ``config.output_dir``; ``config.resume_from_checkpoint`` is passed to
     ``trainer.train``.
     """
-    from .trainer import _fingerprint
+    from .diversed_trainer import _fingerprint
 
     target, draft, tokenizer = _load_missing(config, target, draft, tokenizer)
     if target.config.get_text_config().vocab_size != draft.config.get_text_config().vocab_size:

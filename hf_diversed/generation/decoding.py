@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..modeling.modeling_diversed_head import DiversedHead
 from ._compat import (
     ALL_CACHE_NAMES,
     GenerateDecoderOnlyOutput,
@@ -26,7 +27,6 @@ from ._compat import (
     split_model_outputs,
 )
 from .candidate_generator import DiversedCandidateGenerator, LastHiddenStateRecorder
-from .modeling_diversed_head import DiversedHead
 from .stats import DiversedStats
 from .verification import VerificationRule
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from ..modeling.hub import load_head
+from ..modeling.modeling_diversed_head import DiversedHead
 from . import _compat
 from .decoding import DecodingSettings, assisted_decoding
-from .hub import load_head
-from .modeling_diversed_head import DiversedHead
 from .stats import DiversedStats
 from .verification import Diversed, VerificationRule, parse_rule
 

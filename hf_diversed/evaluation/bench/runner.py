@@ -117,7 +117,7 @@ class BenchMethod:
 
     @property
     def method(self):
-        from .methods import Method
+        from ..methods import Method
 
         return Method("exact" if self.lora else self.label)
 
@@ -132,7 +132,7 @@ class BenchMethod:
 
     @classmethod
     def parse(cls, spec: str) -> BenchMethod:
-        from .methods import Method
+        from ..methods import Method
 
         label = _normalize_spec(spec)
         if not label:
@@ -208,7 +208,7 @@ def expand_methods(
 
 def _canonical_model(name: str) -> str:
     """A stable model name for the records: the spec name for built-in models, an absolute path for dirs."""
-    from .real_models import RealModelError, get_spec
+    from ..real_models import RealModelError, get_spec
 
     if os.path.exists(name):
         return str(Path(name).resolve())
@@ -255,7 +255,7 @@ class BenchConfig:
     command: str | None = None
 
     def __post_init__(self) -> None:
-        from .tasks import TASKS, get_task, parse_split
+        from ..tasks import TASKS, get_task, parse_split
 
         self.tasks = tuple(_split_list(self.tasks) if isinstance(self.tasks, str) else self.tasks)
         if not self.tasks:
@@ -332,7 +332,7 @@ class BenchConfig:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise BenchError(f"--batch-size must be a positive integer (rows the sampler decodes together); "
                              f"got {self.batch_size!r}.")  # fmt: skip
-        from .dtypes import DTYPE_CHOICES, resolve_dtype
+        from ...modeling.dtypes import DTYPE_CHOICES, resolve_dtype
 
         if self.dtype not in DTYPE_CHOICES:
             raise BenchError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}; got {self.dtype!r}.")
@@ -578,7 +578,7 @@ def _read_costs(out_dir: Path) -> dict:
 
 
 def _load_rows(config: BenchConfig) -> dict[str, list[dict]]:
-    from .tasks import get_task
+    from ..tasks import get_task
 
     rows = {}
     for name in config.tasks:
@@ -618,14 +618,14 @@ def _load_models(config: BenchConfig, need_lora: bool):
 def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
     from transformers import AutoModelForCausalLM
 
-    from .api import check_pair
-    from .demo import load_pair
-    from .real_models import resolve_model
+    from ...generation.api import check_pair
+    from ..demo import load_pair
+    from ..real_models import resolve_model
 
     try:
         tokenizer, target, draft = load_pair(config.target, config.draft, dtype)
     except (OSError, ValueError) as err:  # not found / invalid repo id (HFValidationError is a ValueError)
-        from .real_models import SPECS
+        from ..real_models import SPECS
 
         raise BenchError(
             f"cannot load --target {config.target!r} / --draft {config.draft!r}: {err}. Pass a built-in model "
@@ -652,8 +652,8 @@ def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
 
 
 def _load_head(config: BenchConfig, target, draft):
-    from .api import check_pair
-    from .hub import load_head
+    from ...generation.api import check_pair
+    from ...modeling.hub import load_head
 
     try:
         head = load_head(config.head)
@@ -758,8 +758,8 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
     import torch
     from tqdm.auto import tqdm
 
-    from .methods import timed_generate
-    from .tasks import get_task
+    from ..methods import timed_generate
+    from ..tasks import get_task
 
     started = time.perf_counter()
     need_lora = any(p[3].lora for p in todo)
@@ -792,7 +792,7 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
             generate(method, warm_ids, max_new_tokens=8, temperature=config.temperatures[0],
                      n=config.num_assistant_tokens[0] if method.uses_draft else None, seed=config.seed)  # fmt: skip
 
-    from .dtypes import cpu_capability
+    from ...modeling.dtypes import cpu_capability
 
     environment = {
         "torch": torch.__version__,
@@ -868,7 +868,7 @@ def _run_sampler(config, todo, prompt, write, target, draft, lora, head) -> None
     records are written as sequences finish, so a killed run keeps them."""
     from tqdm.auto import tqdm
 
-    from .batched import SamplerConfig, SampleRequest, sample_batched
+    from ...generation.batched import SamplerConfig, SampleRequest, sample_batched
 
     groups: dict[tuple, list] = defaultdict(list)
     for item in todo:
@@ -1138,7 +1138,7 @@ def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: s
     (out_dir / SUMMARY_FILE).write_text(json.dumps(_clean(summary), indent=2) + "\n", encoding="utf-8")
     write_markdown(summary, out_dir / MARKDOWN_FILE)
     try:
-        from .plotting import plot_quality_speed
+        from ..plotting import plot_quality_speed
 
         plot_quality_speed(rows, out_dir / PLOT_FILE, x="speedup")
         plot_quality_speed(rows, out_dir / PLOT_ACCEPTANCE_FILE, x="acceptance_rate")
@@ -1262,7 +1262,7 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand's options to ``parser``."""
-    from .real_models import DRAFT_NAME, TARGET_NAME
+    from ..real_models import DRAFT_NAME, TARGET_NAME
 
     parser.description = __doc__.split("\n\n")[0] if __doc__ else None
     add = parser.add_argument
@@ -1324,7 +1324,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``hf-diversed bench`` from parsed arguments; return the exit code."""
-    from .real_models import RealModelError
+    from ..real_models import RealModelError
 
     try:
         config = config_from_args(args)

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
+from ..modeling.modeling_diversed_head import DiversedHead
 from . import _compat
 from .candidate_generator import LastHiddenStateRecorder
-from .modeling_diversed_head import DiversedHead
 from .stats import DiversedStats
 from .verification import VerificationRule, parse_rule, total_variation
 

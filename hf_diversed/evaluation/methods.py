@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .modeling_diversed_head import DiversedHead
-from .stats import DiversedStats
-from .verification import parse_rule
+from ..generation.stats import DiversedStats
+from ..generation.verification import parse_rule
+from ..modeling.modeling_diversed_head import DiversedHead
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def default_data_dir() -> Path:
         if not path.is_dir():
             raise FileNotFoundError(f"{DATA_DIR_ENV}={env!r} is not a directory; point it at the data folder")
         return path
-    repo_root = Path(__file__).resolve().parent.parent
+    repo_root = Path(__file__).resolve().parents[3]
     candidates = [repo_root.parent / "shared" / "data", Path.cwd() / "shared" / "data"]
     for candidate in candidates:
         if candidate.is_dir():
@@ -430,7 +430,7 @@ def mbpp_pass_at_1(
 
     ``test_setup_code`` is optional (empty if absent). Programs run one after another.
     """
-    from hf_diversed.sandbox import run_code
+    from ..sandbox import run_code
 
     cols = _aligned_columns(prompts, completions, columns, ["test_list"])
     setups = columns.get("test_setup_code")
@@ -475,7 +475,7 @@ def humaneval_pass_at_1(
 
     Needs ``test``, ``entry_point`` and the stub as ``code_prompt`` (or ``prompt`` when calling directly).
     """
-    from hf_diversed.sandbox import run_code
+    from ..sandbox import run_code
 
     stub_column = "prompt" if "prompt" in columns and "code_prompt" not in columns else "code_prompt"
     cols = _aligned_columns(prompts, completions, columns, [stub_column, "test", "entry_point"])

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .hub import push_head_folder, write_custom_generate
-from .model_card import render_head_card
-from .modeling_diversed_head import DiversedHead
+from ..modeling.hub import push_head_folder, write_custom_generate
+from ..modeling.model_card import render_head_card
+from ..modeling.modeling_diversed_head import DiversedHead
 from .rollout import Rollout, collect_rollouts
 
 __all__ = ["DiversedTrainer", "DiversedTrainerConfig", "diversed_policy_loss"]
@@ -124,7 +124,7 @@ class DiversedTrainerConfig:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
             raise ValueError(f"`dtype` must be auto, bfloat16, float16 or float32, got {self.dtype!r}.")
         if self.dtype == "auto":
-            from .dtypes import resolve_dtype
+            from ..modeling.dtypes import resolve_dtype
 
             self.dtype = resolve_dtype("auto")
         if self.push_to_hub and not self.hub_model_id:
@@ -227,7 +227,7 @@ class DiversedTrainer:
         from accelerate import Accelerator
         from transformers import get_scheduler
 
-        from .tasks import get_task
+        from ..evaluation.tasks import get_task
 
         self.config = config
         self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
@@ -269,7 +269,7 @@ class DiversedTrainer:
                 head_hidden_size=config.head_hidden_size,
                 task=config.task,
             )
-        from .api import check_pair
+        from ..generation.api import check_pair
 
         check_pair(target, draft, head)  # a head built for another pair fails here, naming both sizes
         head.float().train()
