@@ -113,4 +113,4 @@ def test_public_paths_of_the_readme():
     )
     assert get_task("gsm8k").name == "gsm8k"
     assert DiversedTrainer.__module__ == "hf_diversed.trainer.diversed_trainer"
-    assert DiversedTrainerConfig.__module__ == "hf_diversed.trainer.diversed_trainer"
+    assert DiversedTrainerConfig.__module__ == "hf_diversed.trainer.diversed_config"
