@@ -1,4 +1,4 @@
-"""Draft LoRA distillation (hf_diversed.distill, TRL DistillationTrainer) on tiny random models saved to disk."""
+"""Draft LoRA distillation (hf_diversed.trainer, TRL DistillationTrainer) on tiny random models saved to disk."""
 
 from __future__ import annotations
 

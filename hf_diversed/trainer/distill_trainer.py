@@ -23,7 +23,7 @@ Which sequences. TRL 1.16's ``DistillationTrainer`` is on-policy only: the stude
 (probability ``1 - lmbda``) the completions are the dataset's **reference** answers (GSM8K worked solutions, MBPP
 reference code, CNN/DM highlights: off-policy, supervised KD). The default ``lmbda = 0`` is fully off-policy on
 the references, so training needs no generation and runs on CPU; ``lmbda = 1`` is TRL's stock on-policy
-distillation. The hook is ``hf_diversed.distill.ReferenceDistillationTrainer`` (built lazily, on first
+distillation. The hook is ``hf_diversed.trainer.distill_trainer.ReferenceDistillationTrainer`` (built lazily, on first
 access), a subclass that overrides the trainer's completion step (``_generate_single_turn``, plus a wrapper
 that hands it the batch's references) and nothing else: the loss, batching, gradient accumulation,
 checkpointing, resuming and multi-process handling are TRL's.
@@ -183,7 +183,7 @@ def _trainer_class():
 
 
 def __getattr__(name: str):
-    # ReferenceDistillationTrainer is built lazily so that importing hf_diversed.distill does not import trl.
+    # ReferenceDistillationTrainer is built lazily so that importing hf_diversed.trainer does not import trl.
     if name == "ReferenceDistillationTrainer":
         return _trainer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

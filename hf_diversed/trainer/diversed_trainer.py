@@ -87,7 +87,7 @@ class DiversedTrainer:
     ``nu_theta,t(y) = w_theta,t p_t(y) + (1 - w_theta,t) q_t(y)`` (p: target, q: draft, both frozen:
     ``requires_grad`` is switched off, the models are never copied, and their parameters are asserted
     unchanged at the end of training). Rollouts are DIVERSED speculative decoding with the current head,
-    drawn ``rollout_batch_size`` rows at a time by the batched sampler (:mod:`hf_diversed.batched`, the law
+    drawn ``rollout_batch_size`` rows at a time by the batched sampler (:mod:`hf_diversed.generation.batched`, the law
     of ``generate``; each rollout seeded from ``seed``, the step and its prompt, so a resumed run redraws
     them exactly), which is on-policy: the law of an emitted token at a drafted position is exactly
     ``nu_theta,t`` (bonus tokens follow p whatever the head and carry no gradient). Each completion gets a sequence

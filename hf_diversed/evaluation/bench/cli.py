@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hf_diversed.bench [options]`` (same as ``hf-diversed bench [options]``)."""
+    """``python -m hf_diversed.evaluation.bench [options]`` (same as ``hf-diversed bench [options]``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = add_arguments(argparse.ArgumentParser(prog="hf-diversed bench")).parse_args(argv)
     args.command_line = shlex.join(["hf-diversed", "bench", *argv])

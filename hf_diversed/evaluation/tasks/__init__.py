@@ -26,7 +26,7 @@ function with a descriptive ``__name__`` such as ``gsm8k_exact_match``) or ``tas
 ``GRPOTrainer(reward_funcs=...)``. Note TRL drops the dataset's ``prompt`` column from the reward kwargs
 (it becomes the model prompt), which is why HumanEval's function stub is duplicated as ``code_prompt``.
 
-Generated code (MBPP, HumanEval) is executed only through :func:`hf_diversed.sandbox.run_code`.
+Generated code (MBPP, HumanEval) is executed only through :func:`hf_diversed.evaluation.sandbox.run_code`.
 
 One module per task family: ``math`` (GSM8K), ``code`` (MBPP, HumanEval; generated code runs in the
 sandbox), ``summarization`` (CNN/DM, XSum); ``base`` holds the :class:`Task` record and what the families share.
