@@ -1,4 +1,4 @@
-"""Draft LoRA distillation (hf_diversed.distill, TRL DistillationTrainer) on tiny random models saved to disk."""
+"""Draft LoRA distillation (hf_diversed.trainer, TRL DistillationTrainer) on tiny random models saved to disk."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conftest import chat_model, chat_tokenizer
 from transformers import LlamaForCausalLM
 
 from hf_diversed.evaluation.tasks import default_data_dir
-from hf_diversed.trainer.distill_trainer import DraftDistillConfig, build_distill_dataset, distill_draft
+from hf_diversed.trainer import DraftDistillConfig, build_distill_dataset, distill_draft
 
 pytest.importorskip("peft")
 pytest.importorskip("trl")

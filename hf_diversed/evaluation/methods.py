@@ -15,7 +15,7 @@ from ..modeling.modeling_diversed_head import DiversedHead
 @dataclass(frozen=True)
 class Method:
     """A decoding method: ``"ar"`` (target alone), ``"native-exact"`` / ``"native-static:W"`` (transformers'
-    own assisted generation), any :func:`~hf_diversed.verification.parse_rule` spec (hf_diversed's loop),
+    own assisted generation), any :func:`~hf_diversed.generation.verification.parse_rule` spec (hf_diversed's loop),
     or ``"diversed"`` with a head."""
 
     spec: str

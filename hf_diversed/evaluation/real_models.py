@@ -342,7 +342,7 @@ def _chunk_paths(spec: ModelSpec, target: Path) -> list[Path]:
             if not init.is_file():
                 raise RealModelError(
                     f"Package {pkg}=={spec.version} installed no module {mod!r} under {target}; the package "
-                    f"on PyPI no longer matches this spec. Update the pin in hf_diversed/real_models.py."
+                    f"on PyPI no longer matches this spec. Update the pin in hf_diversed/evaluation/real_models.py."
                 )
             # A private module name, not put in sys.modules: an installed copy in site-packages is ignored.
             ms = importlib.util.spec_from_file_location(f"_hf_diversed_chunk_{mod}", init)
@@ -355,14 +355,14 @@ def _chunk_paths(spec: ModelSpec, target: Path) -> list[Path]:
                 raise RealModelError(
                     f"Could not get the chunk path from {mod}.get_part_path() "
                     f"({pkg}=={spec.version}): {exc!r}. "
-                    f"The package no longer matches this spec; update the pin in hf_diversed/real_models.py."
+                    f"The package no longer matches this spec; update the pin in hf_diversed/evaluation/real_models.py."
                 ) from exc
             if root not in path.parents:
                 raise RealModelError(f"{mod}.get_part_path() points outside {target}: {path}.")
         if not path.is_file():
             raise RealModelError(
                 f"Chunk file {path} from {pkg}=={spec.version} is missing; the package does not match this "
-                f"spec. Update the pin in hf_diversed/real_models.py."
+                f"spec. Update the pin in hf_diversed/evaluation/real_models.py."
             )
         paths.append(path)
     return paths
@@ -389,7 +389,7 @@ def assemble_gguf(
     label = label or dest.name
     hint = (
         "The downloaded packages do not match the pinned ones (corrupted download or the files were "
-        "changed on PyPI). Rerun to download again; if it persists, the pin in hf_diversed/real_models.py "
+        "changed on PyPI). Rerun to download again; if it persists, the pin in hf_diversed/evaluation/real_models.py "
         "must be updated after checking the new files."
     )
     total = sum(os.path.getsize(p) for p in parts)

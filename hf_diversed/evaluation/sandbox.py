@@ -1,6 +1,6 @@
 """Run untrusted, model-generated Python in a separate, resource-limited process.
 
-This module is a security boundary: the MBPP and HumanEval rewards in :mod:`hf_diversed.tasks` execute
+This module is a security boundary: the MBPP and HumanEval rewards in :mod:`hf_diversed.evaluation.tasks` execute
 code written by a language model. :func:`run_code` is the only entry point.
 
 What is contained (Linux only)

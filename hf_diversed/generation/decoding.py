@@ -2,7 +2,7 @@
 
 It is transformers' assisted-decoding loop (same drafting, same target forward, same logits processing,
 same cache handling, same crops and outputs) with one step swapped: the acceptance of the drafted block
-is decided by a :class:`~hf_diversed.verification.VerificationRule`, which for DIVERSED gets a per-position
+is decided by a :class:`~hf_diversed.generation.verification.VerificationRule`, which for DIVERSED gets a per-position
 weight from the ensemble head fed with the draft's and target's last hidden states. One deliberate
 difference in drafting: the draft samples from the user's logits processors applied once, where
 transformers' drafter applies the sampling warpers (temperature, top-k, top-p, ...) twice.

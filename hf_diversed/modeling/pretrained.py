@@ -1,6 +1,6 @@
 """Pretrained DIVERSED heads for the real pair, bundled with the package and served the Hub way.
 
-Each head's own files live in ``hf_diversed/heads/<name>/`` (config.json, model.safetensors, README.md
+Each head's own files live in ``hf_diversed/modeling/heads/<name>/`` (config.json, model.safetensors, README.md
 model card); :meth:`PretrainedHead.write_repo` adds the shared ``custom_generate/`` recipe for its id, which
 makes the complete Hub repository. :func:`seed_pretrained_heads` places those repositories in the local
 Hugging Face cache under their Hub ids, so that ``diversed_head="hf-diversed/<name>"`` (and

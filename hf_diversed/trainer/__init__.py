@@ -1,14 +1,19 @@
 """Training: the REINFORCE++ trainer of the DIVERSED head, its rollouts, and the LoRA-draft distillation baseline.
 
-- ``diversed_trainer.py``: :class:`DiversedTrainer` and :class:`DiversedTrainerConfig`.
+As in TRL, each trainer sits beside its config:
+
+- ``diversed_trainer.py`` / ``diversed_config.py``: :class:`DiversedTrainer`, :class:`DiversedTrainerConfig`.
 - ``rollout.py``: on-policy rollouts with the per-token features the trainer needs.
-- ``distill_trainer.py``: the paper's "SD with a fine-tuned draft" baseline (TRL + PEFT).
+- ``distill_trainer.py`` / ``distill_config.py``: the paper's "SD with a fine-tuned draft" baseline (TRL + PEFT),
+  :func:`distill_draft`, :class:`DraftDistillConfig`.
 
 Uses :mod:`hf_diversed.generation`, :mod:`hf_diversed.modeling` and the tasks of :mod:`hf_diversed.evaluation`.
 """
 
-from .distill_trainer import DraftDistillConfig, build_distill_dataset, distill_draft, reference_completion
-from .diversed_trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss, mixture_prob
+from .distill_config import DraftDistillConfig
+from .distill_trainer import build_distill_dataset, distill_draft, reference_completion
+from .diversed_config import DiversedTrainerConfig
+from .diversed_trainer import DiversedTrainer, diversed_policy_loss, mixture_prob
 
 __all__ = [
     "DiversedTrainer",

@@ -108,7 +108,8 @@ def collect_rollouts(
     batch_size: int = 32,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> list[Rollout]:
-    """One rollout per prompt, drawn by the batched law-exact sampler (:func:`hf_diversed.batched.sample_batched`).
+    """One rollout per prompt, drawn by the batched law-exact sampler
+    (:func:`hf_diversed.generation.batched.sample_batched`).
 
     Each rollout has the law of :func:`collect_rollout` on its prompt (``generate`` with ``pad_token_id`` the
     first EOS id) and the same per-token features; ``batch_size`` rows are decoded together. ``prompts`` are

@@ -1,19 +1,36 @@
 """``hf-diversed bench``: Spec-Bench-style speed / acceptance / quality benchmark of decoding methods.
 
+Two engines. Quality, acceptance (accepted / drafted), accepted tokens per round (counting the bonus token),
+mean w and TV come from the batched law-exact sampler (:mod:`hf_diversed.generation.batched`) on every example: the
+sequences it draws have exactly the law of the real loop's. Speed comes from the real batch-1 loop on the
+first ``--timed-examples`` examples (Spec-Bench: every method timed on the same machine in the same run,
+speedup = tokens/s of a method / tokens/s of autoregressive decoding, "ar"). Each record says which engine
+produced it (``engine``: ``sampler`` or ``loop``), and the summary which column came from which.
+
+Every generation is one JSON line in ``<output-dir>/results.jsonl`` (written and fsync-ed as soon as it
+finishes); a rerun first reads that file and skips what is already there, so a killed run resumes where it
+stopped. At the end (or with ``--summarize-only``) the records are pooled into ``summary.json``,
+``results.md`` and ``quality_speed.png`` / ``quality_acceptance.png``.
+
 Programmatic use::
 
     from hf_diversed.evaluation.bench import BenchConfig, run_bench
     summary = run_bench(BenchConfig(tasks=("gsm8k",), methods=("ar", "exact", "static:0.5"), num_examples=5))
+
+One module per stage: ``config`` (options, methods, output files, errors), ``plan`` (record keys, the plan,
+the results file), ``runner`` (the models, the sampler and the timed loop), ``costs`` (per-token costs, speed
+models), ``summary`` (pooled rows, intervals), ``report`` (summary.json, results.md, plots), ``cli``.
 """
 
-from .runner import (
-    AR_FIELDS,
-    ASSUMPTIONS,
+from .cli import (
+    add_arguments,
+    config_from_args,
+    main,
+    run,
+)
+from .config import (
     COSTS_FILE,
     DEFAULT_TASKS,
-    ENGINES,
-    GROUP_FIELDS,
-    KEY_FIELDS,
     LORA_METHOD,
     MARKDOWN_FILE,
     METHOD_FORMS,
@@ -25,22 +42,33 @@ from .runner import (
     BenchConfig,
     BenchError,
     BenchMethod,
-    add_arguments,
-    analytic_speedup,
-    bootstrap_interval,
-    config_from_args,
     expand_methods,
-    load_records,
-    main,
+)
+from .costs import (
+    analytic_speedup,
     measure_costs,
-    record_key,
-    run,
-    run_bench,
-    summarize,
-    summarize_records,
     tau_speedup,
-    wilson_interval,
+)
+from .plan import (
+    ENGINES,
+    KEY_FIELDS,
+    load_records,
+    record_key,
+)
+from .report import (
+    ASSUMPTIONS,
+    summarize,
     write_markdown,
+)
+from .runner import (
+    run_bench,
+)
+from .summary import (
+    AR_FIELDS,
+    GROUP_FIELDS,
+    bootstrap_interval,
+    summarize_records,
+    wilson_interval,
 )
 
 __all__ = [

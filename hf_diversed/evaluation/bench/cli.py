@@ -1,0 +1,116 @@
+"""``hf-diversed bench``: Spec-Bench-style speed / acceptance / quality benchmark of decoding methods.
+
+The command line (``hf-diversed bench``, ``python -m hf_diversed.evaluation.bench``) over :func:`run_bench`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import (
+    DEFAULT_TASKS,
+    LORA_METHOD,
+    MARKDOWN_FILE,
+    METHOD_FORMS,
+    PLOT_FILE,
+    SUMMARY_FILE,
+    BenchConfig,
+    BenchError,
+    _split_list,
+    expand_methods,
+)
+from .runner import run_bench
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``bench`` subcommand's options to ``parser``."""
+    from ..real_models import DRAFT_NAME, TARGET_NAME
+
+    parser.description = __doc__.split("\n\n")[0] if __doc__ else None
+    add = parser.add_argument
+    add("--target", default=TARGET_NAME, help="target model: built-in name, Hub id or local path")
+    add("--draft", default=DRAFT_NAME, help="draft model sharing the target's tokenizer")
+    add("--tasks", default=",".join(DEFAULT_TASKS), help="comma list of tasks (default: %(default)s)")
+    add("--split", default="test", help="dataset split (default: %(default)s)")
+    add("--data-dir", default=None, help="folder with <task>/<split>.jsonl (default: $HF_DIVERSED_DATA_DIR or "
+                                         "shared/data)")  # fmt: skip
+    add(
+        "--methods",
+        default=None,
+        help=f"comma list of methods: {METHOD_FORMS} (default: ar,exact, + diversed "
+        "with --head; ar is always added, exact+lora-draft whenever --lora-draft is given)",
+    )
+    add("--static-sweep", default=None, metavar="W,W,...", help="add static:W for each W, e.g. 0.1,0.3,0.5,0.7,0.9")
+    add("--lossy-sweep", default=None, metavar="L,L,...", help="add lossy:L for each L")
+    add("--cascade-sweep", default=None, metavar="V:A,...", help="add cascade-V:A for each, e.g. opt:0.1,opt:0.3")
+    add("--head", default=None, help="DIVERSED head (Hub id or directory) for method 'diversed'")
+    add("--lora-draft", default=None, metavar="PATH", help=f"PEFT adapter for the draft; adds method {LORA_METHOD}")
+    add("--num-assistant-tokens", default="5", metavar="N[,N...]", help="draft length N (e.g. 3,5,7; default 5)")
+    add("--temperature", default="1", metavar="T[,T...]", help="0 = greedy, 1 = plain sampling (default 1)")
+    add("--max-new-tokens", type=int, default=128)
+    add("--num-examples", type=int, default=20, help="first K rows of each task (default %(default)s)")
+    add("--timed-examples", type=int, default=10, help="first K rows also timed with the real batch-1 loop, per "
+                                                         "method (default %(default)s; 0: no timing)")  # fmt: skip
+    add("--ar-examples", type=int, default=None, help="rows timed for the ar baseline (default: --timed-examples)")
+    add("--batch-size", type=int, default=32, help="rows the batched sampler decodes together (default %(default)s)")
+    add("--seed", type=int, default=0, help="example i samples with seed + i, the same for every method")
+    add("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+        help="auto: bfloat16 where the CPU has AVX512-BF16/AMX (or on CUDA), else float32")  # fmt: skip
+    add("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    add("--output-dir", default="bench_out", help="results.jsonl, summary.json, results.md, plots")
+    add("--summarize-only", action="store_true", help="only rebuild the summary from --output-dir/results.jsonl")
+    add("--no-warmup", action="store_true", help="skip the untimed warm-up generation of each method")
+    add("--no-costs", action="store_true", help="skip measuring c and v (analytic speedup)")
+    add("-q", "--quiet", action="store_true", help="no progress output")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """Build (and validate) a :class:`BenchConfig` from parsed ``bench`` arguments."""
+    methods = expand_methods(
+        args.methods, static_sweep=args.static_sweep, lossy_sweep=args.lossy_sweep,
+        cascade_sweep=args.cascade_sweep, head=args.head, lora_draft=args.lora_draft,
+    )  # fmt: skip
+    command = getattr(args, "command_line", None) or shlex.join(["hf-diversed", *sys.argv[1:]])
+    return BenchConfig(
+        target=args.target, draft=args.draft, tasks=tuple(_split_list(args.tasks)), split=args.split,
+        methods=methods, head=args.head, lora_draft=args.lora_draft,
+        num_assistant_tokens=args.num_assistant_tokens, temperatures=args.temperature,
+        max_new_tokens=args.max_new_tokens, num_examples=args.num_examples, ar_examples=args.ar_examples,
+        timed_examples=min(args.timed_examples, args.num_examples), batch_size=args.batch_size,
+        seed=args.seed, dtype=args.dtype, threads=args.threads, output_dir=args.output_dir,
+        data_dir=args.data_dir, summarize_only=args.summarize_only, warmup=not args.no_warmup,
+        measure_costs=not args.no_costs, progress=not args.quiet, command=command,
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``hf-diversed bench`` from parsed arguments; return the exit code."""
+    from ..real_models import RealModelError
+
+    try:
+        config = config_from_args(args)
+        summary = run_bench(config)
+    except (BenchError, RealModelError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume (finished generations are kept).", file=sys.stderr)
+        return 130
+    out = Path(config.output_dir)
+    if not args.quiet:
+        print((out / MARKDOWN_FILE).read_text(encoding="utf-8"))
+    written = ", ".join(str(out / name) for name in (SUMMARY_FILE, MARKDOWN_FILE, PLOT_FILE))
+    print(f"{summary['num_records']} records summarized: {written}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hf_diversed.evaluation.bench [options]`` (same as ``hf-diversed bench [options]``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = add_arguments(argparse.ArgumentParser(prog="hf-diversed bench")).parse_args(argv)
+    args.command_line = shlex.join(["hf-diversed", "bench", *argv])
+    return run(args)

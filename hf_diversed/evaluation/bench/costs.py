@@ -1,0 +1,109 @@
+"""What one token costs: the models' per-token costs (c, v), and the speed models built on them."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from .config import COSTS_FILE
+
+
+def analytic_speedup(alpha: float | None, gamma: int, c: float | None, v: float = 1.0) -> float | None:
+    """Expected speedup of exact SD (Leviathan et al. 2023): (1 - α^(γ+1)) / ((1 - α)(γ·c + v)).
+
+    α: per-token acceptance rate; γ: draft length N; c: draft / target cost of one token; v: cost of the
+    target's verification forward over γ+1 tokens relative to one token (1 = memory-bound ideal).
+    """
+    if alpha is None or c is None or v is None or not (math.isfinite(alpha) and math.isfinite(c)):
+        return None
+    tokens = gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * c + v)
+
+
+def tau_speedup(tau: float | None, gamma: int, c: float | None, v: float = 1.0) -> float | None:
+    """Speedup from the measured tokens per round τ (accepted + bonus): τ / (γ·c + v).
+
+    Unlike :func:`analytic_speedup` it needs no i.i.d. assumption: acceptance is bursty, so the i.i.d. form
+    under-predicts τ."""
+    if tau is None or c is None or v is None or not (math.isfinite(tau) and math.isfinite(c)):
+        return None
+    return tau / (gamma * c + v)
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _seconds_per_token(model, input_ids, short: int, long: int, repeats: int) -> float:
+    """Marginal decode cost of a plain greedy ``generate`` of ``model`` alone (prefill cancels out)."""
+    import torch
+
+    def gen(n):
+        with torch.no_grad():
+            model.generate(input_ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, top_k=None, top_p=None)
+
+    gen(2)  # warm-up
+    t_short, t_long = _median_time(lambda: gen(short), repeats), _median_time(lambda: gen(long), repeats)
+    marginal = (t_long - t_short) / (long - short)
+    return marginal if marginal > 0 else t_long / long
+
+
+def _verify_cost_ratio(model, input_ids, n: int, repeats: int) -> float | None:
+    """v: time of one target forward over n+1 new tokens / over 1 new token, both after a cached prefill."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            out = model(input_ids, use_cache=True)
+            cache, length = out.past_key_values, input_ids.shape[1]
+            token = input_ids[:, -1:]
+
+            def step(k):
+                model(token.repeat(1, k), past_key_values=cache, use_cache=True)
+                cache.crop(-(cache.get_seq_length() - length))  # transformers 5: crop(-n) drops n tokens
+
+            step(1), step(n + 1)  # warm-up
+            one = _median_time(lambda: step(1), repeats)
+            many = _median_time(lambda: step(n + 1), repeats)
+        return many / one if one > 0 else None
+    except Exception:  # noqa: BLE001 - an optional measurement; a model without crop-able cache skips it
+        return None
+
+
+def measure_costs(target, draft, input_ids, ns: Iterable[int], *, repeats: int = 3, short: int = 4,
+                  long: int = 16) -> dict:  # fmt: skip
+    """Per-token costs of target and draft alone (plain generate) and the verification ratio v per N."""
+    t_target = _seconds_per_token(target, input_ids, short, long, repeats)
+    t_draft = _seconds_per_token(draft, input_ids, short, long, repeats)
+    return {
+        "target_seconds_per_token": t_target,
+        "draft_seconds_per_token": t_draft,
+        "c": t_draft / t_target,
+        "v": {str(n): _verify_cost_ratio(target, input_ids, n, repeats) for n in ns},
+        "prompt_tokens": int(input_ids.shape[1]),
+        "method": (
+            f"c: marginal seconds/token of greedy generate ({long} vs {short} new tokens, median of {repeats}) of "
+            f"each model alone; v: target forward on N+1 vs 1 new token(s) after a cached prefill "
+            f"(median of {repeats})"
+        ),
+    }
+
+
+def _costs_key(target: str, draft: str | None, dtype: str) -> str:
+    return f"{target} | {draft} | {dtype}"
+
+
+def _read_costs(out_dir: Path) -> dict:
+    try:
+        return json.loads((out_dir / COSTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}

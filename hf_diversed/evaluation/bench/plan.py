@@ -1,0 +1,129 @@
+"""The records of a run: what makes one unique, the plan of generations, and the results file."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .config import BenchConfig, BenchMethod
+
+# ------------------------------------------------------------------------------------------------ records
+
+KEY_FIELDS = (
+    "task", "split", "temperature", "method", "example_index", "N", "max_new_tokens",
+    "target", "draft", "dtype", "seed", "head", "lora_draft", "engine",
+)  # fmt: skip
+ENGINES = ("sampler", "loop")  # the batched law-exact sampler; the real batch-1 loop (timed)
+
+
+def record_key(record: dict) -> tuple:
+    """What makes a record unique: a rerun skips every planned generation whose key is already on disk.
+
+    Records written before engines existed came from the real loop."""
+    return tuple(
+        float(record[k]) if k == "temperature" else record.get(k, "loop") if k == "engine" else record.get(k)
+        for k in KEY_FIELDS
+    )
+
+
+def _plan_key(
+    config: BenchConfig, task: str, temperature: float, method: BenchMethod, index: int, n: int, engine: str
+) -> tuple:
+    return record_key(
+        {
+            "engine": engine,
+            "task": task,
+            "split": config.split,
+            "temperature": temperature,
+            "method": method.label,
+            "example_index": index,
+            "N": n if method.uses_draft else None,
+            "max_new_tokens": config.max_new_tokens,
+            "target": config.target_id,
+            "draft": config.draft_id if method.uses_draft else None,
+            "dtype": config.dtype,
+            "seed": config.seed,
+            "head": config.head_id if method.label == "diversed" else None,
+            "lora_draft": config.lora_id if method.lora else None,
+        }
+    )
+
+
+def load_records(path: str | os.PathLike) -> list[dict]:
+    """The records of a results JSONL (missing file: none). A torn last line of a killed run is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # half-written line of a killed run; the generation is redone
+            if isinstance(record, dict) and all(k in record for k in ("task", "method", "example_index")):
+                records.append(record)
+    return records
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe value: NaN/inf -> None (strict JSON), recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class _Appender:
+    """Append JSON lines durably (flush + fsync per record), repairing a torn last line first."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        needs_newline = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+        self.fh = open(path, "a", encoding="utf-8")
+        if needs_newline:
+            self.fh.write("\n")
+
+    def write(self, record: dict) -> None:
+        self.fh.write(json.dumps(_clean(record), ensure_ascii=False) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[tuple]:
+    """Every generation of the run as (key, task, temperature, method, index, n, engine).
+
+    The timed loop's examples outermost so machine drift hits all methods alike; every example through the
+    sampler."""
+    methods = [BenchMethod(label) for label in config.methods]
+    plan = []
+    for task_name in config.tasks:
+        for temperature in config.temperatures:
+            for index in range(len(rows[task_name])):
+                for method in methods:
+                    if index >= (config.ar_examples if method.label == "ar" else config.timed_examples):
+                        continue
+                    for n in config.num_assistant_tokens if method.uses_draft else (None,):
+                        key = _plan_key(config, task_name, temperature, method, index, n, "loop")
+                        plan.append((key, task_name, temperature, method, index, n, "loop"))
+    for task_name in config.tasks:
+        for temperature in config.temperatures:
+            for n in config.num_assistant_tokens:
+                for index in range(len(rows[task_name])):
+                    for method in methods:
+                        if method.has_stats:
+                            key = _plan_key(config, task_name, temperature, method, index, n, "sampler")
+                            plan.append((key, task_name, temperature, method, index, n, "sampler"))
+    return plan
