@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,6 +210,90 @@ def test_greedy_engines_agree_and_lora_draft(setup, tmp_path):
     assert exact_row["n"] == 2 and exact_row["n_ar"] == 1 and exact_row["speedup_matched"] is not None
     assert exact_row["analytic_speedup_v1"] is None  # --no-costs
     assert "ar n=1" in (out / bench.MARKDOWN_FILE).read_text()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# what depends only on a sampler record's seed (its batch only moves float sums in the last bits)
+SEED_FIELDS = ("completion", "new_tokens", "finish_reason", "quality", "drafted", "accepted", "rounds", "verified")
+FLOAT_FIELDS = ("weight_sum", "mean_weight", "mean_tv", "acceptance_rate", "verified_acceptance_rate")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:  # not accelerate's default 29500: another launched test may hold it
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_data_parallel_under_accelerate_launch(setup, tmp_path):
+    """Two CPU processes share the examples and one results file; the main process alone writes the summary."""
+    argv = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k,mbpp", "--methods", "ar,exact,static:0.5,diversed", "--head", str(setup["head"]),
+        "--num-examples", "3", "--timed-examples", "1", "--batch-size", "4", "--max-new-tokens", "8",
+        "--temperature", "1", "--dtype", "float32", "--threads", "1",
+    ]  # fmt: skip
+    parallel, single = tmp_path / "parallel", tmp_path / "single"
+    # `accelerate launch --cpu` starts one process; `--multi_gpu` starts two, joined in a gloo group on CPUs
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
+           "2", "--main_process_port", str(_free_port()), "-m", "hf_diversed.bench", *argv,
+           "--output-dir", str(parallel)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert bench.main([*argv, "--output-dir", str(single), "-q"]) == 0
+
+    lines = (parallel / bench.RESULTS_FILE).read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]  # every line whole: one atomic append per record
+    expected = {bench.record_key(r): r for r in _lines(single / bench.RESULTS_FILE)}
+    keys = [bench.record_key(r) for r in records]
+    assert len(keys) == len(set(keys)) == len(expected) == 2 * (4 + 3 * 3)  # loop: 1 example; sampler: 3 x 3
+    assert set(keys) == set(expected)
+    assert {r["process_index"] for r in records} == {0, 1}
+    assert all(r["num_processes"] == 2 and r["example_index"] % 2 == r["process_index"] for r in records)
+    assert all(r["num_processes"] == 1 and r["process_index"] == 0 for r in expected.values())
+    for record in records:  # each sampler record depends only on its seed, not on the process or the batch
+        if record["engine"] == "sampler":
+            other = expected[bench.record_key(record)]
+            assert {f: record[f] for f in SEED_FIELDS} == {f: other[f] for f in SEED_FIELDS}
+            assert {f: record[f] for f in FLOAT_FIELDS} == pytest.approx({f: other[f] for f in FLOAT_FIELDS}, rel=1e-4)
+
+    # the main process alone measured the costs, summarized and printed; the other one stayed quiet
+    assert result.stdout.count("records summarized") == 1 and result.stdout.count("# hf-diversed bench") == 1
+    assert result.stderr.count("generations planned") == 1 and result.stderr.count("measuring per-token") == 1
+    summary = json.loads((parallel / bench.SUMMARY_FILE).read_text())
+    assert summary["num_records"] == len(records) and summary["config"]["num_processes"] == 2
+    assert {(r["task"], r["method"]) for r in summary["rows"]} == {
+        (t, m) for t in ("gsm8k", "mbpp") for m in ("ar", "exact", "static:0.5", "diversed")
+    }
+    assert all(row["n"] == 3 and row["n_timed"] == 1 for row in summary["rows"])
+    assert (parallel / bench.MARKDOWN_FILE).is_file() and summary["costs"]
+
+
+def _append_many(path: str, worker: int, count: int) -> None:
+    appender = bench.plan._Appender(Path(path))
+    for i in range(count):
+        appender.write({"worker": worker, "i": i, "pad": str(worker) * 20_000})
+    appender.close()
+
+
+def test_appends_from_two_processes_never_interleave(tmp_path):
+    """Each record is one O_APPEND write: lines longer than any buffer stay whole under concurrent appends."""
+    import multiprocessing
+
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"torn": ', encoding="utf-8")  # a killed run's half line: the main process ends it first
+    bench.plan._repair_torn_line(path)
+    workers = [multiprocessing.Process(target=_append_many, args=(str(path), w, 40)) for w in (1, 2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == '{"torn": ' and len(lines) == 81
+    records = [json.loads(line) for line in lines[1:]]
+    assert all(r["pad"] == str(r["worker"]) * 20_000 for r in records)
+    assert sorted((r["worker"], r["i"]) for r in records) == [(w, i) for w in (1, 2) for i in range(40)]
 
 
 @pytest.mark.parametrize(

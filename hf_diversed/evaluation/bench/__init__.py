@@ -12,6 +12,11 @@ finishes); a rerun first reads that file and skips what is already there, so a k
 stopped. At the end (or with ``--summarize-only``) the records are pooled into ``summary.json``,
 ``results.md`` and ``quality_speed.png`` / ``quality_acceptance.png``.
 
+Data-parallel: the same command under ``accelerate launch --multi_gpu --num_processes K`` (CPUs too) splits the
+examples (process r takes those with index i % K == r, every method of an example on one process); all processes
+append to the one ``results.jsonl`` (one atomic ``O_APPEND`` write per record) and the main process writes the
+summary.
+
 Programmatic use::
 
     from hf_diversed.evaluation.bench import BenchConfig, run_bench

@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume (finished generations are kept).", file=sys.stderr)
         return 130
+    if summary is None:  # another process of a data-parallel run: the main process reports
+        return 0
     out = Path(config.output_dir)
     if not args.quiet:
         print((out / MARKDOWN_FILE).read_text(encoding="utf-8"))

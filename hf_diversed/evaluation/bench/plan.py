@@ -83,23 +83,50 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _repair_torn_line(path: Path) -> None:
+    """End a torn last line (a killed run's half-written record) with a newline, so the next record starts a
+    line of its own; :func:`load_records` skips the fragment and the generation is redone. In a data-parallel
+    run only the main process repairs, before any process appends."""
+    try:
+        with open(path, "rb+") as fh:
+            if fh.seek(0, os.SEEK_END) == 0:
+                return
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.seek(0, os.SEEK_END)
+                fh.write(b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+    except FileNotFoundError:
+        return
+
+
 class _Appender:
-    """Append JSON lines durably (flush + fsync per record), repairing a torn last line first."""
+    """Append JSON lines durably: each record is one ``os.write`` of the whole line to a file opened with
+    ``O_APPEND``, then fsync. On a local Linux filesystem such a write is atomic with respect to other appenders,
+    so the processes of a data-parallel run share one file without interleaving inside a line."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        needs_newline = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-        self.fh = open(path, "a", encoding="utf-8")
-        if needs_newline:
-            self.fh.write("\n")
+        self.fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
     def write(self, record: dict) -> None:
-        self.fh.write(json.dumps(_clean(record), ensure_ascii=False) + "\n")
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
+        data = (json.dumps(_clean(record), ensure_ascii=False) + "\n").encode("utf-8")
+        written = os.write(self.fd, data)
+        while written < len(data):  # a short write (disk full, signal): finish the line; a torn one is redone
+            written += os.write(self.fd, data[written:])
+        os.fsync(self.fd)
 
     def close(self) -> None:
-        self.fh.close()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def shard_plan(plan: list[tuple], index: int, count: int) -> list[tuple]:
+    """Process ``index`` of ``count``'s share of a plan: the generations of examples ``i`` with ``i % count ==
+    index`` (sampler and timed loop alike, in plan order), so every method of an example runs on one process."""
+    return [p for p in plan if p[4] % count == index]
 
 
 def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[tuple]:

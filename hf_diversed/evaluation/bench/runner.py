@@ -1,21 +1,88 @@
 """Running a benchmark: the models, the batched sampler over every example, the timed loop over the first ones.
 
 Every generation is one JSON line in ``<output-dir>/results.jsonl``, written as soon as it finishes; a rerun skips
-what is already there."""
+what is already there. Under ``accelerate launch`` the same run is data-parallel: process r of K takes the examples
+i with i % K == r, every process appends to the one results file, and the main process measures the costs and
+writes the summary."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import datetime
 import json
+import os
 import platform
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from .config import COSTS_FILE, LORA_METHOD, RESULTS_FILE, SCHEMA_VERSION, BenchConfig, BenchError, BenchMethod
 from .costs import _costs_key, _read_costs, measure_costs
-from .plan import _Appender, _clean, load_records, plan_generations, record_key
+from .plan import _Appender, _clean, _repair_torn_line, load_records, plan_generations, record_key, shard_plan
 from .report import summarize
+
+# A finished process waits at a barrier for the slowest one, which may be hours behind (a resumed run whose
+# remaining work sits on one process): far longer than torch.distributed's default 30 minutes.
+_GROUP_TIMEOUT = datetime.timedelta(days=30)
+_WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def _launched_processes() -> int:
+    """How many processes a launcher (``accelerate launch``, torchrun, mpirun) started; 1 when none did."""
+    sizes = [os.environ.get(name, "").strip() for name in _WORLD_SIZE_VARIABLES]
+    return max([int(size) for size in sizes if size.isdigit()] + [1])
+
+
+@dataclass
+class _Processes:
+    """The processes of a data-parallel run: process ``index`` of ``count`` (index 0 is the main process).
+
+    One process, with no synchronisation, when no launcher started several (``WORLD_SIZE`` and the like).
+    ``device``: where this process's models go; None leaves them on the CPU, as always."""
+
+    index: int = 0
+    count: int = 1
+    device: Any = None
+    state: Any = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.index == 0
+
+    def wait(self) -> None:
+        """Barrier: return once every process has called it (nothing to wait for with one process)."""
+        if self.state is not None:
+            self.state.wait_for_everyone()
+
+    @classmethod
+    def detect(cls) -> _Processes:
+        launched = _launched_processes()
+        if launched == 1:
+            return cls()
+        try:
+            from accelerate import PartialState
+        except ImportError:
+            raise BenchError(
+                f"launched as {launched} processes, but a data-parallel run needs accelerate: pip install "
+                "'hf-diversed[train]' (or run one process: hf-diversed bench ...)."
+            ) from None
+        import torch
+
+        # cpu=True without CUDA: accelerate then joins the launched processes into a gloo group (cpu=False would
+        # leave each one alone, and every process would run everything).
+        state = PartialState(cpu=not torch.cuda.is_available(), timeout=_GROUP_TIMEOUT)
+        if state.num_processes != launched:
+            raise BenchError(
+                f"launched as {launched} processes, but accelerate sees {state.num_processes}; launch with "
+                "`accelerate launch --multi_gpu --num_processes K` (on CPUs too) or torchrun."
+            )
+        if state.num_processes == 1:
+            return cls()
+        device = state.device if state.device.type != "cpu" else None
+        return cls(state.process_index, state.num_processes, device, state)
 
 
 def _load_rows(config: BenchConfig) -> dict[str, list[dict]]:
@@ -40,20 +107,27 @@ def _example_id(row: dict, index: int) -> str:
     return str(row.get("id", row.get("task_id", index)))
 
 
-def _load_models(config: BenchConfig, need_lora: bool):
-    """(tokenizer, target, draft, LoRA draft or None) through demo.load_pair, the same path for every model."""
-    import torch
+@contextlib.contextmanager
+def _loading_bars(config: BenchConfig):
+    """transformers' loading progress bars only with ``config.progress``."""
     from transformers.utils import logging as hf_logging
 
-    dtype = getattr(torch, config.dtype)
     bars_were_on = hf_logging.is_progress_bar_enabled()
     if not config.progress:
         hf_logging.disable_progress_bar()
     try:
-        return _load_models_inner(config, need_lora, dtype)
+        yield
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
+
+
+def _load_models(config: BenchConfig, need_lora: bool):
+    """(tokenizer, target, draft, LoRA draft or None) through demo.load_pair, the same path for every model."""
+    import torch
+
+    with _loading_bars(config):
+        return _load_models_inner(config, need_lora, getattr(torch, config.dtype))
 
 
 def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
@@ -136,11 +210,21 @@ def _log(config: BenchConfig, message: str) -> None:
         print(f"[hf-diversed bench] {message}", file=sys.stderr, flush=True)
 
 
-def run_bench(config: BenchConfig) -> dict:
-    """Run (or resume) the benchmark described by ``config`` and return the summary (also written to disk)."""
+def run_bench(config: BenchConfig) -> dict | None:
+    """Run (or resume) the benchmark described by ``config`` and return the summary (also written to disk).
+
+    Under ``accelerate launch`` each process runs its share of the examples (``i % K == rank``) and appends to
+    the same results file; the main process returns the summary, the others None once every record is on disk.
+    """
+    processes = _Processes.detect()
+    if not processes.is_main:  # progress and messages come from the main process only
+        config = copy.copy(config)
+        config.progress = False
     out_dir = config.output_path
     results_path = out_dir / RESULTS_FILE
     if config.summarize_only:
+        if not processes.is_main:
+            return None
         records = load_records(results_path)
         if not records:
             raise BenchError(
@@ -157,24 +241,45 @@ def run_bench(config: BenchConfig) -> dict:
     done = {record_key(r) for r in load_records(results_path)}
     plan = plan_generations(config, rows)
     planned_keys = {p[0] for p in plan}
-    todo = [p for p in plan if p[0] not in done]
-    _log(config, f"{len(plan)} generations planned, {len(plan) - len(todo)} already in {results_path}, "
-                 f"{len(todo)} to run")  # fmt: skip
+    todo_all = [p for p in plan if p[0] not in done]
+    todo = shard_plan(todo_all, processes.index, processes.count)
+    share = (
+        f" by {processes.count} processes (examples i with i % {processes.count} == rank; {len(todo)} on process 0)"
+        if processes.count > 1
+        else ""
+    )
+    _log(config, f"{len(plan)} generations planned, {len(plan) - len(todo_all)} already in {results_path}, "
+                 f"{len(todo_all)} to run{share}")  # fmt: skip
+    if todo_all and processes.is_main:
+        _repair_torn_line(results_path)  # before any process appends (they wait for the main process below)
 
     costs_all = _read_costs(out_dir)
     costs_key = _costs_key(config.target_id, config.draft_id, config.dtype)
-    need_costs = config.measure_costs and (
-        costs_key not in costs_all
-        or any(str(n) not in costs_all[costs_key].get("v", {}) for n in config.num_assistant_tokens)
+    need_costs = (
+        processes.is_main
+        and config.measure_costs
+        and (
+            costs_key not in costs_all
+            or any(str(n) not in costs_all[costs_key].get("v", {}) for n in config.num_assistant_tokens)
+        )
     )
-    if todo or need_costs:
-        _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
-
+    _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs, processes)
+    processes.wait()  # every process's records are on disk
+    if not processes.is_main:
+        return None
     records = [r for r in load_records(results_path) if record_key(r) in planned_keys]
-    return summarize(records, out_dir, command=config.command_line, costs=_read_costs(out_dir), config=config.to_dict())
+    summary_config = {**config.to_dict(), "num_processes": processes.count}
+    return summarize(records, out_dir, command=config.command_line, costs=_read_costs(out_dir), config=summary_config)
 
 
-def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs) -> None:
+def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs, processes) -> None:
+    """Load the models (when this process has work), let the main process measure the costs on a quiet machine,
+    then run this process's generations. Every process passes the same barriers, with or without work."""
+    if not (todo or need_costs):
+        processes.wait()  # the others load their models
+        processes.wait()  # the main process measures the costs
+        return
+
     import torch
     from tqdm.auto import tqdm
 
@@ -184,18 +289,31 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
     started = time.perf_counter()
     need_lora = any(p[3].lora for p in todo)
     tokenizer, target, draft, lora = _load_models(config, need_lora)
-    head = _load_head(config, target, draft) if any(p[3].label == "diversed" for p in todo) else None
+    head = None
+    if any(p[3].label == "diversed" for p in todo):
+        with _loading_bars(config):
+            head = _load_head(config, target, draft)
+    device = processes.device
+    if device is not None:  # one accelerator per process
+        for model in (target, draft, lora, head):
+            if model is not None:
+                model.to(device)
     _log(config, f"loaded models in {time.perf_counter() - started:.1f}s (dtype {config.dtype}, "
                  f"{torch.get_num_threads()} threads)")  # fmt: skip
 
     first_task = get_task(config.tasks[0])
     warm_ids, _ = _prompt_ids(tokenizer, first_task, rows[config.tasks[0]][0])
+    warm_ids = warm_ids.to(device) if device is not None else warm_ids
+    processes.wait()  # every process has its models: the costs are measured on an otherwise idle machine
     if need_costs:
         _log(config, "measuring per-token costs of target and draft alone (for the analytic speedup)")
         costs_all[costs_key] = {**measure_costs(target, draft, warm_ids, config.num_assistant_tokens),
                                 "threads": torch.get_num_threads()}  # fmt: skip
         config.output_path.mkdir(parents=True, exist_ok=True)
         (config.output_path / COSTS_FILE).write_text(json.dumps(_clean(costs_all), indent=2) + "\n", encoding="utf-8")
+    processes.wait()  # costs measured, a torn last line repaired: the processes may append
+    if not todo:
+        return
 
     def generate(method, input_ids, *, max_new_tokens, temperature, n, seed):
         return timed_generate(
@@ -219,13 +337,16 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs)
         "threads": torch.get_num_threads(),
         "machine": platform.node(),
         "cpu_capability": cpu_capability(),  # AVX2 vs AVX512(+bf16): bf16 speed differs a lot
+        "process_index": processes.index,  # data-parallel runs (accelerate launch): which process wrote it
+        "num_processes": processes.count,
     }
     writer = _Appender(results_path)
     prompts: dict[tuple[str, int], tuple[Any, str]] = {}
 
     def prompt(task_name: str, index: int):
         if (task_name, index) not in prompts:
-            prompts[task_name, index] = _prompt_ids(tokenizer, get_task(task_name), rows[task_name][index])
+            ids, text = _prompt_ids(tokenizer, get_task(task_name), rows[task_name][index])
+            prompts[task_name, index] = (ids.to(device) if device is not None else ids), text
         return prompts[task_name, index]
 
     def write(task_name, index, temperature, method, n, engine, new_tokens, seconds, stats, extra=None):
