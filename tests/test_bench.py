@@ -177,7 +177,8 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
 
 
 def test_greedy_engines_agree_and_lora_draft(setup, tmp_path):
-    """At T = 0 the sampler's completions are the real loop's, the LoRA draft's included; exact SD = target."""
+    """At T = 0 the sampler's completions are the real loop's (the LoRA draft and a token-class rule included);
+    greedy exact SD is the target alone."""
     from peft import LoraConfig, get_peft_model
 
     adapter = tmp_path / "lora"
@@ -191,13 +192,16 @@ def test_greedy_engines_agree_and_lora_draft(setup, tmp_path):
         "--tasks", "gsm8k", "--lora-draft", str(adapter), "--num-examples", "2", "--timed-examples", "2",
         "--ar-examples", "1", "--max-new-tokens", "6", "--temperature", "0", "--num-assistant-tokens", "3",
         "--dtype", "float32", "--output-dir", str(out), "--no-costs", "--no-warmup", "-q",
+        "--methods", "ar,exact,token-class:digits:0.0",
     ]  # fmt: skip
     assert bench.main(argv) == 0
     records = _lines(out / bench.RESULTS_FILE)
     loop = {(r["method"], r["example_index"]): r for r in records if r["engine"] == "loop"}
     sampled = {(r["method"], r["example_index"]): r for r in records if r["engine"] == "sampler"}
-    assert sorted(loop) == [("ar", 0), ("exact", 0), ("exact", 1), ("exact+lora-draft", 0), ("exact+lora-draft", 1)]
-    assert sorted(sampled) == [("exact", 0), ("exact", 1), ("exact+lora-draft", 0), ("exact+lora-draft", 1)]
+    drafted = ["exact", "exact+lora-draft", "token-class:digits:0"]  # the spec is normalised
+    assert sorted(loop) == [("ar", 0)] + [(m, i) for m in drafted for i in (0, 1)]
+    assert sorted(sampled) == [(m, i) for m in drafted for i in (0, 1)]
+    assert all(0.0 <= r["mean_weight"] <= 1.0 for r in records if r["method"] == "token-class:digits:0")
     for key, record in sampled.items():
         assert record["completion"] == loop[key]["completion"], key
         for field in ("drafted", "accepted", "rounds", "verified"):
@@ -301,6 +305,7 @@ def test_appends_from_two_processes_never_interleave(tmp_path):
     [
         (["--tasks", "gsm9k"], "--tasks"),
         (["--methods", "ar,fast"], "Valid methods"),
+        (["--methods", "token-class:vowels:0"], "unknown token class"),
         (["--methods", "diversed"], "--head"),
         (["--methods", "exact+lora-draft"], "--lora-draft"),
         (["--num-assistant-tokens", "0"], ">= 1"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..generation.stats import DiversedStats
-from ..generation.verification import parse_rule
+from ..generation.verification import parse_rule, parse_token_class_spec
 from ..modeling.modeling_diversed_head import DiversedHead
 
 
@@ -25,7 +25,13 @@ class Method:
             if self.spec.startswith("native-static:"):
                 float(self.spec.split(":", 1)[1])
             return
-        parse_rule(self.spec)  # raises with the valid forms
+        if parse_token_class_spec(self.spec) is None:  # a token class is resolved with the tokenizer later
+            parse_rule(self.spec)  # raises with the valid forms
+
+    @property
+    def needs_tokenizer(self) -> bool:
+        """Token-class rules find their class in the tokenizer's vocabulary."""
+        return parse_token_class_spec(self.spec) is not None
 
     @property
     def uses_draft(self) -> bool:

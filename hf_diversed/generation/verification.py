@@ -34,6 +34,7 @@ __all__ = [
     "Verdict",
     "VerificationRule",
     "parse_rule",
+    "parse_token_class_spec",
     "total_variation",
 ]
 
@@ -405,6 +406,22 @@ RULE_SPECS = (
 _TOKEN_CLASS_SPEC = re.compile(r"^token-class:(?P<label>[a-z_]+)(?::(?P<value>[^:]+))?$")
 
 
+def parse_token_class_spec(spec: str) -> tuple[str, float] | None:
+    """``"token-class:CLASS:W"`` -> (CLASS, W) (W defaults to 0), checked; None for any other spec."""
+    match = _TOKEN_CLASS_SPEC.match(spec.strip().lower())
+    if match is None:
+        return None
+    label, value = match["label"], match["value"]
+    if label not in TOKEN_CLASSES:
+        raise ValueError(f"Rule {spec!r}: unknown token class {label!r}; use one of {', '.join(TOKEN_CLASSES)}.")
+    try:
+        weight = float(value) if value is not None else 0.0
+    except ValueError:
+        raise ValueError(f"Rule {spec!r} has a non-numeric weight {value!r}; e.g. token-class:{label}:0.") from None
+    _check_unit_interval(f"Rule {spec!r}: the weight", weight, f"token-class:{label}:0")
+    return label, weight
+
+
 def parse_rule(spec: str | VerificationRule, tokenizer=None) -> VerificationRule:
     """Turn ``"exact"``, ``"diversed"``, ``"static:0.5"``, ``"lossy:0.7"``, ``"cascade-opt:0.1"`` or
     ``"token-class:digits:0"`` (needs ``tokenizer``, whose vocabulary defines the class) into a rule.
@@ -419,15 +436,9 @@ def parse_rule(spec: str | VerificationRule, tokenizer=None) -> VerificationRule
             f'Pass e.g. diversed_verifier="static:0.5" or hf_diversed.StaticEnsemble(0.5).'
         )
     hint = f"Valid forms: {', '.join(RULE_SPECS)}."
-    token_class = _TOKEN_CLASS_SPEC.match(spec.strip().lower())
+    token_class = parse_token_class_spec(spec)
     if token_class is not None:
-        label, value = token_class["label"], token_class["value"]
-        if label not in TOKEN_CLASSES:
-            raise ValueError(f"Rule {spec!r}: unknown token class {label!r}; use one of {', '.join(TOKEN_CLASSES)}.")
-        try:
-            weight = float(value) if value is not None else 0.0
-        except ValueError:
-            raise ValueError(f"Rule {spec!r} has a non-numeric weight {value!r}. {hint}") from None
+        label, weight = token_class
         if tokenizer is None:
             raise ValueError(
                 f"Rule {spec!r} needs the tokenizer to find the {label!r} tokens: pass tokenizer=... to generate "

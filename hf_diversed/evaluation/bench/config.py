@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...generation.verification import parse_token_class_spec
+
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
 MARKDOWN_FILE = "results.md"
@@ -21,7 +23,8 @@ DEFAULT_TASKS = ("gsm8k", "humaneval", "mbpp", "cnndm", "xsum")
 SCHEMA_VERSION = 1
 
 METHOD_FORMS = (
-    "ar, exact, static:W, lossy:L, cascade-chow:A, cascade-diff:A, cascade-opt:A, diversed (needs --head), "
+    "ar, exact, static:W, lossy:L, cascade-chow:A, cascade-diff:A, cascade-opt:A, token-class:digits:W, "
+    "diversed (needs --head), "
     f"native-exact, native-static:W, {LORA_METHOD} (needs --lora-draft)"
 )
 
@@ -39,6 +42,12 @@ _NUMBERED = re.compile(r"^(?P<name>static|lossy|native-static|cascade-(?:chow|di
 def _normalize_spec(spec: str) -> str:
     """Canonical spelling of a method spec: lower case, numbers as ``%g`` (``static:0.50`` -> ``static:0.5``)."""
     spec = spec.strip().lower()
+    try:
+        token_class = parse_token_class_spec(spec)
+    except ValueError as err:
+        raise BenchError(f"{err} Valid methods: {METHOD_FORMS}.") from None
+    if token_class is not None:
+        return f"token-class:{token_class[0]}:{token_class[1]:g}"
     match = _NUMBERED.match(spec)
     if match:
         try:

@@ -316,10 +316,11 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
         return
 
     def generate(method, input_ids, *, max_new_tokens, temperature, n, seed):
+        extra = {"tokenizer": tokenizer} if method.method.needs_tokenizer else {}
         return timed_generate(
             target, lora if method.lora else (draft if method.uses_draft else None), input_ids, method.method,
             max_new_tokens=max_new_tokens, temperature=temperature, num_assistant_tokens=n or 5, head=head,
-            seed=seed,
+            seed=seed, **extra,
         )  # fmt: skip
 
     loop_todo = [p for p in todo if p[6] == "loop"]
@@ -391,7 +392,7 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
     try:
         # The full sample first (quality and acceptance), then the timed subset.
         if sampler_todo:
-            _run_sampler(config, sampler_todo, prompt, write, target, draft, lora, head)
+            _run_sampler(config, sampler_todo, prompt, write, target, draft, lora, head, tokenizer)
         bar = tqdm(loop_todo, desc="bench (timed loop)", unit="gen", disable=not config.progress, dynamic_ncols=True)
         for _key, task_name, temperature, method, index, n, _engine in bar:
             bar.set_postfix_str(f"{task_name} T={temperature:g} {method.label}" + (f" N={n}" if n else ""))
@@ -404,13 +405,15 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
         writer.close()
 
 
-def _run_sampler(config, todo, prompt, write, target, draft, lora, head) -> None:
+def _run_sampler(config, todo, prompt, write, target, draft, lora, head, tokenizer) -> None:
     """Every planned (example, method) through the batched sampler, one call per task, temperature, N and draft;
     records are written as sequences finish, so a killed run keeps them."""
     from tqdm.auto import tqdm
 
     from ...generation.batched import SamplerConfig, SampleRequest, sample_batched
+    from ...generation.verification import parse_rule
 
+    resolved: dict[str, object] = {}  # token-class specs -> rules, resolved once with the tokenizer
     groups: dict[tuple, list] = defaultdict(list)
     for item in todo:
         _key, task_name, temperature, method, index, n, _engine = item
@@ -424,6 +427,10 @@ def _run_sampler(config, todo, prompt, write, target, draft, lora, head) -> None
         requests = []
         for _key, _task, _t, method, index, _n, _engine in items:
             rule = "exact" if method.lora else method.label
+            if method.method.needs_tokenizer:
+                if rule not in resolved:
+                    resolved[rule] = parse_rule(rule, tokenizer=tokenizer)
+                rule = resolved[rule]
             requests.append(
                 SampleRequest(
                     prompt(task_name, index)[0],
