@@ -135,8 +135,8 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
     lines += [
         "",
         "Engines. Quality, acceptance, per-position acceptance, accepted/round, mean w, mean TV and cut at max come "
-        "from the batched law-exact sampler (`hf_diversed.generation.batched`) over the `n` examples: its sequences have the "
-        "real loop's law. `n timed`, tok/s and speedup come from the real batch-1 loop on the first examples "
+        "from the batched law-exact sampler (`hf_diversed.generation.batched`) over the `n` examples: its sequences "
+        "have the real loop's law. `n timed`, tok/s and speedup come from the real batch-1 loop on the first examples "
         "(Spec-Bench protocol). ᵉ: the target alone has exact SD's law, so its quality is exact SD's sampled "
         "quality. ˡ: from the real loop (records without a sampler run)."
         + (f" CPU: {', '.join(capabilities)}." if capabilities else ""),
