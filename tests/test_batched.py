@@ -252,3 +252,33 @@ def test_acceptance_is_one_minus_w_tv_per_position(tiny_pair):
         assert abs(float(d.mean())) < eps, (rule, float(d.mean()), eps, d.numel())
         if rule == "diversed":
             assert float(torch.cat([r for r in diffs]).numel()) > 10000
+
+
+@pytest.mark.slow
+def test_real_pair_greedy_equals_generate():
+    """On the real pair in float32 (a GSM8K prompt, three rules sharing one prefill, the bundled GSM8K head), the
+    sampler's greedy tokens and counts are generate's. Needs the real pair (`hf-diversed models`)."""
+    pytest.importorskip("gguf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_diversed.evaluation.real_models import ensure_pair
+    from hf_diversed.evaluation.tasks import get_task
+    from hf_diversed.modeling.hub import load_head
+    from hf_diversed.modeling.pretrained import HEADS_DIR, head_for_task
+
+    target_path, draft_path = ensure_pair()
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float32).eval()
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    head = load_head(HEADS_DIR / head_for_task("gsm8k").split("/", 1)[1])  # the bundled head, from disk
+    task = get_task("gsm8k")
+    messages = task.build_messages(task.load("test[:1]")[0])
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = ids["input_ids"]
+    config = SamplerConfig(max_new_tokens=24, do_sample=False, num_assistant_tokens=5)
+    rules = ["exact", "static:0.5", "diversed"]
+    requests = [SampleRequest(ids, rule, head=head if rule == "diversed" else None, tag=rule) for rule in rules]
+    for result in sample_batched(target, draft, requests, config, batch_size=3):
+        tokens, stats = _generate(target, draft, ids, config, result.tag, head)
+        _assert_same(tokens, stats, result, f"real pair, {result.tag}")
