@@ -248,6 +248,11 @@ class _Model:
 
 
 class _Sampler:
+    """The walk over a batch: ``rows`` (one per running request), both models' caches over those rows (right
+    aligned, ``mask`` marks real tokens), and ``pending``: each row's next-position logits and LM-head inputs.
+    Each iteration lets waiting requests join, decides one token per row, drops finished rows, then runs one
+    forward of each model on the decided tokens."""
+
     def __init__(self, target, draft, config: SamplerConfig, batch_size: int, return_trace: bool):
         from .api import check_pair
 
@@ -391,7 +396,11 @@ class _Sampler:
         return w
 
     def _decide(self) -> tuple[torch.Tensor, list[int]]:
-        """Emit one token for every row; return the tokens fed next and the rows that finished."""
+        """Emit one token for every row; return the tokens fed next and the rows that finished.
+
+        Drafted position (k < N_r): x ~ q (greedy: argmax q), accepted iff u <= ratio(p(x), q(x), w) (greedy: the
+        rule's argmax test), else the correction ~ norm(residual) (p where the residual is all zero). Bonus
+        position (k = N_r): y ~ p (greedy: argmax p)."""
         target_logits, draft_logits, h_target, h_draft = self.pending
         z_p = self._processed(target_logits)
         z_q = self._processed(draft_logits)
