@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from hf_diversed import bench
+from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("gsm8k", "mbpp", "humaneval", "cnndm")
@@ -39,24 +40,6 @@ def _pct(x) -> str:
 
 def _num(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
-
-
-def _quality(row) -> str:
-    if row.get("quality") is None:
-        return "-"
-    text = f"{row['quality']:.1f}"
-    if row.get("quality_ci"):
-        text += f" [{row['quality_ci'][0]:.1f}, {row['quality_ci'][1]:.1f}]"
-    return text
-
-
-def _diff(row) -> str:
-    if row.get("paired_diff") is None:
-        return "-"
-    text = f"{row['paired_diff']:+.1f}"
-    if row.get("paired_diff_ci"):
-        text += f" [{row['paired_diff_ci'][0]:+.1f}, {row['paired_diff_ci'][1]:+.1f}]"
-    return text
 
 
 def task_section(task: str, out_dir: Path) -> list[str]:
@@ -84,7 +67,8 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     for r in rows:
         tau = "-" if r.get("tau_speedup") is None else f"{r['tau_speedup']:.2f}× ({r['tau_speedup_v1']:.2f}×)"
         lines.append(
-            f"| {r['temperature']:g} | {r['method']} | {_num(r['N'], 'd')} | {r['n']} | {_quality(r)} | {_diff(r)} | "
+            f"| {r['temperature']:g} | {r['method']} | {_num(r['N'], 'd')} | {r['n']} | {format_quality(r)} | "
+            f"{format_paired_diff(r)} | "
             f"{_pct(r['acceptance_rate'])} | {_pct(r.get('verified_acceptance_rate'))} | "
             f"{_num(r['mean_accepted_per_round'])} | {_num(r['mean_weight'])} | {100 * r['truncated_rate']:.0f}% | "
             f"{tau} |"
@@ -110,7 +94,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             "|---|---|---|---|",
             f"| paper | {sd} | {ours} | {quality} |",
             f"| this pair | {_pct(exact['acceptance_rate']) if exact else '-'} | (heads: a later run) | "
-            f"{_quality(exact) if exact else '-'} → - |",
+            f"{format_quality(exact) if exact else '-'} → - |",
             "",
         ]
     return lines

@@ -367,6 +367,8 @@ class _Sampler:
     # ------------------------------------------------------------------ one position of every row
 
     def _processed(self, logits: torch.Tensor) -> torch.Tensor:
+        if len(self.processors) == 0:
+            return logits.float()
         if self.needs_context:
             width = max(len(r.context) for r in self.rows)
             ids = torch.tensor(
@@ -407,15 +409,23 @@ class _Sampler:
         p, q = z_p.softmax(-1), z_q.softmax(-1)
         rows = self.rows
         drafted = [i for i, r in enumerate(rows) if r.k < r.round_n]
+        bonus_rows = [i for i, r in enumerate(rows) if r.k >= r.round_n]
         w = self._weights(p, q, h_target, h_draft, drafted)
-        tv = total_variation(p, q)
         sample = self.config.do_sample
-        accepted = torch.zeros(len(rows), dtype=torch.bool, device=p.device)
         u = _uniforms(rows).to(p.device) if sample else None
-        x = _inverse_cdf(q, u[:, 0]) if sample else z_q.argmax(-1)
-        bonus_tokens = self._bonus(p, q, z_p, u)
-        corrections = bonus_tokens.clone()
+        # Full-vocabulary work only for the rows that need it: draws from q and TV at drafted positions, from p at
+        # bonus positions.
+        x = torch.zeros(len(rows), dtype=torch.long, device=p.device)
+        tv = torch.zeros(len(rows), dtype=p.dtype, device=p.device)
+        bonus_tokens, corrections = torch.zeros_like(x), torch.zeros_like(x)
+        accepted = torch.zeros(len(rows), dtype=torch.bool, device=p.device)
+        if bonus_rows:
+            b = torch.tensor(bonus_rows, device=p.device)
+            bonus_tokens[b] = self._bonus(p[b], q[b], z_p[b], u[b] if sample else None)
         if drafted:
+            d = torch.tensor(drafted, device=p.device)
+            x[d] = _inverse_cdf(q[d], u[d, 0]) if sample else z_q[d].argmax(-1)
+            tv[d] = total_variation(p[d], q[d])
             groups: dict[VerificationRule, list[int]] = {}
             for i in drafted:
                 groups.setdefault(rows[i].rule, []).append(i)

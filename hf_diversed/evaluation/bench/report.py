@@ -68,6 +68,24 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
+def format_quality(row: dict) -> str:
+    """A summary row's quality ×100 with its 95% interval: ``31.2 [19.9, 45.3]`` (``-`` when absent)."""
+    text = _fmt(row.get("quality"), ".1f")
+    if row.get("quality") is not None and row.get("quality_ci"):
+        text += f" [{row['quality_ci'][0]:.1f}, {row['quality_ci'][1]:.1f}]"
+    return text
+
+
+def format_paired_diff(row: dict) -> str:
+    """A summary row's paired difference to the target alone with its 95% interval: ``+2.0 [-4.1, +8.2]``."""
+    if row.get("paired_diff") is None:
+        return "-"
+    text = f"{row['paired_diff']:+.1f}"
+    if row.get("paired_diff_ci"):
+        text += f" [{row['paired_diff_ci'][0]:+.1f}, {row['paired_diff_ci'][1]:+.1f}]"
+    return text
+
+
 def _short(model: str | None) -> str:
     if not model:
         return "-"
@@ -110,14 +128,7 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
         if r["method"] != "ar" and r["speedup"] is not None and r["n_ar"] != r["n_timed"]:
             speed += f" (ar n={r['n_ar']}; matched {_fmt(r['speedup_matched'], '.2f', '×')})"
             any_fewer = True
-        quality = _fmt(r["quality"], ".1f")
-        if r.get("quality_ci"):
-            quality += f" [{r['quality_ci'][0]:.1f}, {r['quality_ci'][1]:.1f}]"
-        diff = "-"
-        if r.get("paired_diff") is not None:
-            diff = f"{r['paired_diff']:+.1f}"
-            if r.get("paired_diff_ci"):
-                diff += f" [{r['paired_diff_ci'][0]:+.1f}, {r['paired_diff_ci'][1]:+.1f}]"
+        quality, diff = format_quality(r), format_paired_diff(r)
         if r.get("quality_from", "").startswith("sampler (exact"):
             quality += " ᵉ"
         elif r.get("quality_from") == "loop":
