@@ -24,6 +24,7 @@ from .generation.verification import (
     parse_rule,
 )
 from .modeling.configuration_diversed_head import DiversedHeadConfig
+from .modeling.draft_vocabulary import trim_draft_vocabulary
 from .modeling.hub import load_head
 from .modeling.modeling_diversed_head import DiversedHead
 
@@ -48,6 +49,7 @@ __all__ = [
     "load_head",
     "parse_rule",
     "sample_batched",
+    "trim_draft_vocabulary",
 ]
 
 _compat.check_transformers_version()

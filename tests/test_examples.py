@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
     [
         ("quickstart.py", ["DIVERSED", "cascade-opt:0.2", "loaded head"]),
         ("batched_sampling.py", ["prompt 1 diversed", "generate, prompt 0 diversed"]),
+        ("trim_draft_vocabulary.py", ["kept 8 of 64 ids", "exact     :", "proposes from its kept ids: Trimmed"]),
         ("train_head_tiny.py", ["untrained head: acceptance", "trained   head: acceptance", "model card"]),
     ],
 )

@@ -28,7 +28,7 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..evaluation import bench, demo, real_models
+    from ..evaluation import bench, demo, real_models, trim_draft
     from ..modeling import pretrained
 
     parser = argparse.ArgumentParser(prog="hf-diversed", description=__doc__)
@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_arguments(sub.add_parser("bench", help="quality versus speed of decoding methods on real tasks"))
     sub.choices["bench"].set_defaults(func=bench.run)
+    trim = trim_draft.add_arguments(sub.add_parser("trim-draft", help="save a draft with a trimmed vocabulary"))
+    trim.set_defaults(func=trim_draft.run)
     return parser
 
 

@@ -139,13 +139,13 @@ def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]
     """Patch ``GenerationMixin`` so ``generate`` routes DIVERSED arguments to ``generate_hook``.
 
     ``generate_hook(model, original_generate, *args, **kwargs)`` handles calls that carry DIVERSED
-    arguments; ``decoding_loop(model, settings, *args, **kwargs)`` replaces the assisted-decoding loop
+    arguments or an ``assistant_model`` (whose saved draft vocabulary it applies); ``decoding_loop(model, settings, *args, **kwargs)`` replaces the assisted-decoding loop
     while ``active_settings`` is set.
     """
 
     @functools.wraps(original_generate)
     def generate(self, *args, **kwargs):
-        if "diversed_head" in kwargs or "diversed_verifier" in kwargs:
+        if "diversed_head" in kwargs or "diversed_verifier" in kwargs or kwargs.get("assistant_model") is not None:
             return generate_hook(self, original_generate, *args, **kwargs)
         return original_generate(self, *args, **kwargs)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..modeling.draft_vocabulary import apply_draft_vocabulary, check_draft_vocabulary
 from ..modeling.hub import load_head
 from ..modeling.modeling_diversed_head import DiversedHead
 from . import _compat
@@ -40,6 +41,7 @@ def check_pair(target, draft, head: DiversedHead | None) -> None:
         )
     if target.config.is_encoder_decoder or draft.config.is_encoder_decoder:
         raise ValueError("hf_diversed supports decoder-only (causal LM) target and draft models, not encoder-decoders.")
+    check_draft_vocabulary(target, draft, None)  # a trimmed draft's ids must index the target's vocabulary
     t_cfg, d_cfg = target.config.get_text_config(), draft.config.get_text_config()
     if t_cfg.vocab_size != d_cfg.vocab_size:
         raise ValueError(
@@ -57,6 +59,7 @@ def check_pair(target, draft, head: DiversedHead | None) -> None:
                 f"(head config: target_model={head.config.target_model!r}, draft_model={head.config.draft_model!r}), "
                 "or DiversedHead.for_models(target, draft) for a fresh one."
             )
+        check_draft_vocabulary(target, draft, head)
 
 
 def _user_draft_length(bound: dict[str, Any]) -> tuple[int | None, str | None]:
@@ -81,12 +84,14 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     head_arg = kwargs.pop("diversed_head", None)
     verifier_arg = kwargs.pop("diversed_verifier", None)
     trace = kwargs.pop("_diversed_trace", None)  # private: a list to receive per-round traces (rollouts)
+    bound = _GENERATE_SIGNATURE.bind_partial(model, *args, **kwargs).arguments
+    draft = bound.get("assistant_model")
+    if draft is not None:
+        apply_draft_vocabulary(draft)  # a draft saved with a trimmed vocabulary proposes from it
     if head_arg is None and verifier_arg is None:
         return original_generate(model, *args, **kwargs)
 
-    bound = _GENERATE_SIGNATURE.bind_partial(model, *args, **kwargs).arguments
     extra = bound.get("kwargs", {})
-    draft = bound.get("assistant_model")
     rule: VerificationRule = (
         parse_rule(verifier_arg, tokenizer=extra.get("tokenizer")) if verifier_arg is not None else Diversed()
     )

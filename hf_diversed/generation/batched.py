@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ..modeling.draft_vocabulary import apply_draft_vocabulary
 from ..modeling.modeling_diversed_head import DiversedHead
 from . import _compat
 from .candidate_generator import LastHiddenStateRecorder
@@ -256,6 +257,7 @@ class _Sampler:
     def __init__(self, target, draft, config: SamplerConfig, batch_size: int, return_trace: bool):
         from .api import check_pair
 
+        apply_draft_vocabulary(draft)
         check_pair(target, draft, None)
         threshold = getattr(draft.generation_config, "assistant_confidence_threshold", 0) or 0
         if threshold > 0:

@@ -22,6 +22,8 @@ class DiversedHeadConfig(PreTrainedConfig):
         initializer_range: std of the normal init of hidden layers.
         target_model, draft_model: provenance, the pair the head was trained for (Hub ids or names).
         vocab_size: the shared vocabulary size of that pair (provenance and a compatibility check).
+        draft_vocabulary: fingerprint of the draft's trimmed vocabulary the head was trained with (None: the
+            full vocabulary); see ``hf_diversed.trim_draft_vocabulary``.
         task: the task the head was trained on (one head per task).
     """
 
@@ -39,6 +41,7 @@ class DiversedHeadConfig(PreTrainedConfig):
         draft_model: str | None = None,
         vocab_size: int | None = None,
         task: str | None = None,
+        draft_vocabulary: str | None = None,
         **kwargs,
     ):
         for name, value in (("target_hidden_size", target_hidden_size), ("draft_hidden_size", draft_hidden_size)):
@@ -60,4 +63,5 @@ class DiversedHeadConfig(PreTrainedConfig):
         self.draft_model = draft_model
         self.vocab_size = vocab_size
         self.task = task
+        self.draft_vocabulary = draft_vocabulary
         super().__init__(**kwargs)

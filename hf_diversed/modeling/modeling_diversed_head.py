@@ -19,6 +19,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .configuration_diversed_head import DiversedHeadConfig
+from .draft_vocabulary import draft_vocabulary_fingerprint
 
 
 @dataclass
@@ -102,6 +103,7 @@ class DiversedHead(PreTrainedModel):
             target_model=config_kwargs.pop("target_model", getattr(target.config, "_name_or_path", None) or None),
             draft_model=config_kwargs.pop("draft_model", getattr(draft.config, "_name_or_path", None) or None),
             vocab_size=config_kwargs.pop("vocab_size", t_cfg.vocab_size),
+            draft_vocabulary=config_kwargs.pop("draft_vocabulary", draft_vocabulary_fingerprint(draft)),
             **config_kwargs,
         )
         return cls(config)
