@@ -7,6 +7,7 @@
 - ``bench/``: ``hf-diversed bench``.
 - ``plotting.py``: quality-vs-speed plots of bench summaries.
 - ``demo.py``: ``hf-diversed demo``.
+- ``trim_draft.py``: ``hf-diversed trim-draft`` (a draft with a trimmed vocabulary, counted on a task's rows).
 
 Uses :mod:`hf_diversed.generation` and :mod:`hf_diversed.modeling`; never imported by them.
 """

@@ -5,6 +5,7 @@
 - ``pretrained.py`` + ``heads/``: the bundled pretrained heads, complete Hub repositories.
 - ``model_card.py``: model cards of head repositories.
 - ``dtypes.py``: which dtype to run the language models in (``--dtype auto``).
+- ``draft_vocabulary.py``: a draft LM head trimmed to K token ids (``trim_draft_vocabulary``).
 
 Nothing here imports :mod:`hf_diversed.generation`, :mod:`hf_diversed.evaluation`, :mod:`hf_diversed.trainer`
 or :mod:`hf_diversed.cli`.
