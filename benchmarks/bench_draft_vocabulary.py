@@ -304,17 +304,19 @@ def report(args) -> None:
                     lines.append(f"| {size} | - | failed: {r['error']} | - | - | - | - | - |")
                     continue
                 growing = [f"{1000 * r[k]:.1f}" if k in r else "-" for k in ("growing_eager", "growing_compiled")]
-                lines.append(f"| {size} | {1000 * r['eager']:.1f} | {1000 * r['compiled']:.1f} | "
-                             f"{r['warmup_seconds']:.0f} | {growing[0]} | {growing[1]} | "
-                             f"{r.get('growing_warmup_seconds', float('nan')):.0f} | {r['max_abs_logit_error']:.1e} |")
+                lines.append(
+                    f"| {size} | {1000 * r['eager']:.1f} | {1000 * r['compiled']:.1f} | "
+                    f"{r['warmup_seconds']:.0f} | {growing[0]} | {growing[1]} | "
+                    f"{r.get('growing_warmup_seconds', float('nan')):.0f} | {r['max_abs_logit_error']:.1e} |"
+                )
             lines.append("")
     for task in args.tasks.split(","):
         share = _outside_share(task, sizes, Path(args.drafts_dir).expanduser())
         counts = share.pop("_counts")
         lines += [f"## {task}", "",
                   f"Tokens outside the kept set: of the target's own tokens ({counts['target']:.0f} tokens of exact-SD "
-                  f"completions, which follow the target's law) and of the test split's texts ({counts['test texts']:.0f} "
-                  "tokens, held out from the counted train split):", "",
+                  f"completions, which follow the target's law) and of the test split's texts "
+                  f"({counts['test texts']:.0f} tokens, held out from the counted train split):", "",
                   "| K | target's tokens outside | test texts outside |", "|---|---|---|"]  # fmt: skip
         for size, values in share.items():
             cells = [f"{100 * values[k]:.2f}%" if values[k] is not None else "-" for k in ("target", "test texts")]

@@ -2,9 +2,10 @@
 
 The corpus is every text field of the task's rows (question and worked answer, problem and reference code,
 article and highlights), by default the train split, plus any ``--corpus-file`` (e.g. the target's own outputs
-on train prompts, whose style, such as LaTeX or code in math answers, the references may lack). The saved directory is an ordinary checkpoint (weights
-unchanged, the kept ids in ``config.json``) plus the tokenizer, so ``hf-diversed bench --draft DIR`` and
-``generate(assistant_model=AutoModelForCausalLM.from_pretrained(DIR))`` take it as any draft.
+on train prompts, whose style, such as LaTeX or code in math answers, the references may lack). The saved
+directory is an ordinary checkpoint (weights unchanged, the kept ids in ``config.json``) plus the tokenizer, so
+``hf-diversed bench --draft DIR`` and ``generate(assistant_model=AutoModelForCausalLM.from_pretrained(DIR))``
+take it as any draft.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def read_corpus_file(path: str | os.PathLike[str]) -> list[str]:
             if not isinstance(text, str):
                 raise ValueError(
                     f"{path}:{number} has no string `completion` or `text` field; a .jsonl corpus file holds one "
-                    'such object per line (e.g. the results.jsonl of `hf-diversed bench --split train`).'
+                    "such object per line (e.g. the results.jsonl of `hf-diversed bench --split train`)."
                 )
             texts.append(text)
     return texts

@@ -139,8 +139,9 @@ def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]
     """Patch ``GenerationMixin`` so ``generate`` routes DIVERSED arguments to ``generate_hook``.
 
     ``generate_hook(model, original_generate, *args, **kwargs)`` handles calls that carry DIVERSED
-    arguments or an ``assistant_model`` (whose saved draft vocabulary it applies); ``decoding_loop(model, settings, *args, **kwargs)`` replaces the assisted-decoding loop
-    while ``active_settings`` is set.
+    arguments or an ``assistant_model`` (whose saved draft vocabulary it applies);
+    ``decoding_loop(model, settings, *args, **kwargs)`` replaces the assisted-decoding loop while
+    ``active_settings`` is set.
     """
 
     @functools.wraps(original_generate)
