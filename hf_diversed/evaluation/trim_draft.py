@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -31,7 +31,6 @@ def task_corpus(task: str, split: str = "train", data_dir: str | os.PathLike[str
     rows = get_task(task).load(split, data_dir)
     texts = []
     for row in rows:
-        assert isinstance(row, Mapping)
         for key, value in row.items():
             if key != "id":
                 texts.extend(_texts(value))

@@ -18,6 +18,7 @@ the set; hf_diversed trims the head in memory when such a draft enters ``generat
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import itertools
 import logging
@@ -26,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -74,29 +76,23 @@ class TrimmedLMHead(nn.Module):
 
 
 def encode_ids(ids: torch.Tensor, vocab_size: int) -> str:
-    """The set as a zlib-compressed bitmask over the vocabulary, base64 (a few KB in config.json)."""
-    mask = torch.zeros(vocab_size, dtype=torch.bool)
-    mask[ids] = True
-    bits = bytes(_packbits(mask))
-    return base64.b64encode(zlib.compress(bits, 9)).decode("ascii")
+    """The set as a zlib-compressed bitmask over the vocabulary (bit i of byte j is id 8j+i), base64."""
+    mask = np.zeros(vocab_size, dtype=bool)
+    mask[np.asarray(ids)] = True
+    return base64.b64encode(zlib.compress(np.packbits(mask, bitorder="little").tobytes(), 9)).decode("ascii")
 
 
 def decode_ids(text: str, vocab_size: int) -> torch.Tensor:
     """Inverse of :func:`encode_ids`: the sorted kept ids."""
-    bits = zlib.decompress(base64.b64decode(text))
-    mask = _unpackbits(bits, vocab_size)
-    return mask.nonzero().flatten()
+    return _decoded(text, vocab_size).clone()
 
 
-def _packbits(mask: torch.Tensor) -> list[int]:
-    padded = torch.cat([mask, mask.new_zeros(-mask.numel() % 8)]).view(-1, 8).to(torch.int64)
-    return (padded * (1 << torch.arange(8))).sum(-1).tolist()
-
-
-def _unpackbits(data: bytes, vocab_size: int) -> torch.Tensor:
-    packed = torch.tensor(list(data), dtype=torch.int64)
-    bits = (packed.unsqueeze(-1) >> torch.arange(8)) & 1
-    return bits.flatten()[:vocab_size].bool()
+@functools.lru_cache(maxsize=8)
+def _decoded(text: str, vocab_size: int) -> torch.Tensor:
+    # cached: generate and the sampler check a draft's record once per call / request
+    bits = np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=np.uint8)
+    mask = np.unpackbits(bits, count=vocab_size, bitorder="little").astype(bool)
+    return torch.from_numpy(np.flatnonzero(mask)).long()
 
 
 def fingerprint(ids: torch.Tensor) -> str:
@@ -107,18 +103,13 @@ def fingerprint(ids: torch.Tensor) -> str:
 
 def count_tokens(corpus: Iterable[str], tokenizer) -> Counter:
     """How often each token id occurs in the texts of ``corpus`` (tokenized without special tokens)."""
-    counts: Counter = Counter()
-    batch: list[str] = []
-    for text in corpus:
+    texts = list(corpus)
+    for text in texts:
         if not isinstance(text, str):
             raise ValueError(f"`corpus` must yield strings (texts to count tokens on), got {type(text).__name__}.")
-        batch.append(text)
-        if len(batch) == 256:
-            for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
-                counts.update(ids)
-            batch = []
-    if batch:
-        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+    counts: Counter = Counter()
+    for start in range(0, len(texts), 256):
+        for ids in tokenizer(texts[start : start + 256], add_special_tokens=False)["input_ids"]:
             counts.update(ids)
     return counts
 
