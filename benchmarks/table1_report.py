@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hf_diversed import bench
 from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
+from hf_diversed.evaluation.bench.runs import format_runs, load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("gsm8k", "mbpp", "humaneval", "cnndm")
@@ -42,6 +43,10 @@ def _num(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _model(speedup, speedup_v1) -> str:
+    return "-" if speedup is None else f"{speedup:.2f}× ({_num(speedup_v1)}×)"
+
+
 def task_section(task: str, out_dir: Path) -> list[str]:
     records = bench.load_records(out_dir / bench.RESULTS_FILE)
     if not records:
@@ -49,7 +54,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     costs = json.loads((out_dir / "costs.json").read_text()) if (out_dir / "costs.json").is_file() else {}
     previous = out_dir / bench.SUMMARY_FILE
     command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
-    summary = bench.summarize(records, out_dir, command=command, costs=costs)
+    summary = bench.summarize(records, out_dir, command=command, costs=costs, runs=load_runs(out_dir))
     rows = [r for r in summary["rows"] if r["method"] != "ar"]
     capabilities = ", ".join(summary.get("cpu_capabilities") or []) or "unknown"
     lines = [
@@ -61,17 +66,22 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         "batched law-exact sampler; exact SD has the target's law, so its row is the target alone's quality.",
         "",
         "| T | method | N | n | quality ×100 [95% CI] | Δ vs target [95% CI] | acceptance | per position | "
-        "tokens/round τ | mean w | cut at max | τ model (v=1) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "tokens/round τ | mean w | cut at max | τ model (v=1) | i.i.d. model (v=1) | real speedup (n timed) | "
+        "real / τ model |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        tau = "-" if r.get("tau_speedup") is None else f"{r['tau_speedup']:.2f}× ({r['tau_speedup_v1']:.2f}×)"
+        tau = _model(r.get("tau_speedup"), r.get("tau_speedup_v1"))
+        iid = _model(r.get("analytic_speedup"), r.get("analytic_speedup_v1"))
+        real = "-" if r.get("speedup") is None else f"{r['speedup']:.2f}× ({r.get('n_timed')})"
+        timed = r.get("speedup") is not None and r.get("tau_speedup")
+        ratio = f"{r['speedup'] / r['tau_speedup']:.2f}" if timed else "-"
         lines.append(
             f"| {r['temperature']:g} | {r['method']} | {_num(r['N'], 'd')} | {r['n']} | {format_quality(r)} | "
             f"{format_paired_diff(r)} | "
             f"{_pct(r['acceptance_rate'])} | {_pct(r.get('verified_acceptance_rate'))} | "
             f"{_num(r['mean_accepted_per_round'])} | {_num(r['mean_weight'])} | {100 * r['truncated_rate']:.0f}% | "
-            f"{tau} |"
+            f"{tau} | {iid} | {real} | {ratio} |"
         )
     cost = next(iter(costs.values()), None)
     if cost:
@@ -81,8 +91,12 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             f"{cost['draft_seconds_per_token']:.3f} s/token (c = {cost['c']:.3f}), v = "
             + ", ".join(f"{v:.2f} (N = {n})" for n, v in (cost.get("v") or {}).items() if v)
             + ". τ model: speedup = τ / (N·c + v) from the measured tokens per round τ (in parentheses v = 1, a "
-            "verification as cheap as one decode step).",
+            "verification as cheap as one decode step). i.i.d. model: (1 − α^(N+1)) / ((1 − α)(N·c + v)) from the "
+            "acceptance α, which under-predicts because acceptance is bursty. Real speedup: tokens/s of the real "
+            "batch-1 loop over the target alone's on the timed examples (`-` where none were timed yet).",
         ]
+    if summary.get("runs"):
+        lines += ["", *format_runs(summary["runs"])]
     lines += ["", f"![quality vs acceptance]({out_dir.relative_to(ROOT / 'docs')}/{bench.PLOT_ACCEPTANCE_FILE})", ""]
     if task in PAPER:
         sd, ours, quality = PAPER[task]

@@ -149,10 +149,22 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
         assert bench.main(_argv(setup, out, "--summarize-only")) == 0
     assert _lines(results) == records
 
+    # the run log: one line per invocation that had work (the finished rerun above added none)
+    (run,) = _lines(out / bench.RUNS_FILE)
+    assert run["command"] == summary["command"] and run["commit"] and run["to_run"] == len(records)
+    assert run["batch_size"] == 4 and run["threads"] == 1 and run["cpu_capability"]
+    assert summary["runs"]["records"] == len(records) and summary["runs"]["records_before_log"] == 0
+    assert summary["runs"]["runs"][0]["sampler_records"] == len(sampled)
+    assert "Runs (from `runs.jsonl`" in markdown
+
     # a run killed mid-write: the last 3 records are lost and the 4th from last is half-written
     raw = results.read_text(encoding="utf-8").splitlines(keepends=True)
     results.write_text("".join(raw[:-4]) + raw[-4][:25], encoding="utf-8")
+    measured = []
+    real_measure = bench.runner.measure_costs
+    monkeypatch.setattr(bench.runner, "measure_costs", lambda *a, **k: measured.append(1) or real_measure(*a, **k))
     assert bench.main(_argv(setup, out)) == 0
+    assert measured == []  # the costs of this pair are on disk already
     resumed = bench.load_records(results)
     assert len(resumed) == len(records)
     assert {bench.record_key(r) for r in resumed} == {bench.record_key(r) for r in records}
@@ -161,8 +173,10 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     after = {bench.record_key(r): r["completion"] for r in resumed if r["engine"] == "sampler"}
     assert before == after
 
-    # one more example: only its sampler records are added (the timed subset stays at 1)
-    assert bench.main(_argv(setup, out, examples=3)) == 0
+    # one more example: only its sampler records are added (the timed subset stays at 1); --remeasure-costs
+    # times the models again
+    assert bench.main(_argv(setup, out, "--remeasure-costs", examples=3)) == 0
+    assert measured == [1]
     grown = bench.load_records(results)
     added = grown[len(resumed) :]
     assert len(added) == 2 * len(SAMPLED) and {r["engine"] for r in added} == {"sampler"}
@@ -170,6 +184,7 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     summary = json.loads((out / bench.SUMMARY_FILE).read_text())
     assert all(row["n"] == 3 and row["n_timed"] == 1 for row in summary["rows"])
     assert (out / "costs.json").is_file() and summary["costs"]
+    assert len(_lines(out / bench.RUNS_FILE)) == 3 and summary["runs"]["records"] == len(grown)
 
     # the importable API: summarize an existing output directory
     summary = bench.run_bench(bench.BenchConfig(output_dir=str(out), summarize_only=True, progress=False))
@@ -320,6 +335,8 @@ def test_appends_from_two_processes_never_interleave(tmp_path):
         (["--batch-size", "0"], "--batch-size"),
         (["--data-dir", "/nonexistent/data"], "--data-dir"),
         (["--summarize-only"], "without --summarize-only"),
+        (["--remeasure-costs", "--no-costs"], "drop one"),
+        (["--remeasure-costs", "--summarize-only"], "drop one"),
     ],
 )
 def test_user_errors_name_the_fix(tmp_path, capsys, extra, fix):
@@ -388,3 +405,28 @@ def test_intervals_and_paired_differences():
     assert rows["exact"]["quality"] == pytest.approx(50.0) and rows["exact"]["paired_diff"] is None
     assert rows["ar"]["quality"] == pytest.approx(50.0) and rows["ar"]["n"] == 20  # exact SD's law
     assert rows["static:0.5"]["quality_ci"][1] == pytest.approx(100.0)
+
+
+def test_run_log_gives_wall_clock_and_throughput():
+    """An invocation owns the records written between its start and the next one's; its wall-clock time runs
+    from its start to its last record."""
+    from hf_diversed.evaluation.bench.runs import format_runs, summarize_runs
+
+    def record(stamp, tokens, engine="sampler"):
+        return {"time": f"2026-11-26T{stamp}+0000", "new_tokens": tokens, "engine": engine}
+
+    runs = [{"started": "2026-11-26T10:00:00+0000", "commit": "abc"},
+            {"started": "2026-11-26T12:00:00+0000", "commit": "def"}]  # fmt: skip
+    records = [record("09:00:00", 99), record("10:30:00", 300), record("11:00:00", 600),
+               record("12:10:00", 50), record("12:20:00", 10, engine="loop")]  # fmt: skip
+    summary = summarize_runs(runs, records)
+    first, second = summary["runs"]
+    assert (first["records"], first["new_tokens"], first["wall_seconds"]) == (2, 900, 3600.0)
+    assert first["sampler_tokens_per_s"] == pytest.approx(900 / 3600)
+    assert (second["records"], second["sampler_records"], second["wall_seconds"]) == (2, 1, 1200.0)
+    assert second["sampler_tokens_per_s"] == pytest.approx(50 / 600)  # to its last sampler record
+    assert summary["records_before_log"] == 1 and summary["records"] == 4
+    assert summary["wall_seconds"] == 4800.0 and summary["sampler_tokens_per_s"] == pytest.approx(950 / 4800)
+    text = "\n".join(format_runs(summary))
+    assert "1.00 h" in text and "1 earlier records predate the log" in text
+    assert summarize_runs([], records) is None and format_runs(None) == []

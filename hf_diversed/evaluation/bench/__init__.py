@@ -10,7 +10,9 @@ produced it (``engine``: ``sampler`` or ``loop``), and the summary which column 
 Every generation is one JSON line in ``<output-dir>/results.jsonl`` (written and fsync-ed as soon as it
 finishes); a rerun first reads that file and skips what is already there, so a killed run resumes where it
 stopped. At the end (or with ``--summarize-only``) the records are pooled into ``summary.json``,
-``results.md`` and ``quality_speed.png`` / ``quality_acceptance.png``.
+``results.md`` and ``quality_speed.png`` / ``quality_acceptance.png``. Each invocation that has work appends its
+start (command, commit, machine) to ``runs.jsonl``; the summary turns that log into the run's wall-clock time and
+the sampler's throughput.
 
 Data-parallel: the same command under ``accelerate launch --multi_gpu --num_processes K`` (CPUs too) splits the
 examples (process r takes those with index i % K == r, every method of an example on one process); all processes
@@ -24,7 +26,8 @@ Programmatic use::
 
 One module per stage: ``config`` (options, methods, output files, errors), ``plan`` (record keys, the plan,
 the results file), ``runner`` (the models, the sampler and the timed loop), ``costs`` (per-token costs, speed
-models), ``summary`` (pooled rows, intervals), ``report`` (summary.json, results.md, plots), ``cli``.
+models), ``runs`` (the run log), ``summary`` (pooled rows, intervals), ``report`` (summary.json, results.md,
+plots), ``cli``.
 """
 
 from .cli import (
@@ -42,6 +45,7 @@ from .config import (
     PLOT_ACCEPTANCE_FILE,
     PLOT_FILE,
     RESULTS_FILE,
+    RUNS_FILE,
     SCHEMA_VERSION,
     SUMMARY_FILE,
     BenchConfig,
@@ -68,6 +72,10 @@ from .report import (
 from .runner import (
     run_bench,
 )
+from .runs import (
+    load_runs,
+    summarize_runs,
+)
 from .summary import (
     AR_FIELDS,
     GROUP_FIELDS,
@@ -90,6 +98,7 @@ __all__ = [
     "PLOT_ACCEPTANCE_FILE",
     "PLOT_FILE",
     "RESULTS_FILE",
+    "RUNS_FILE",
     "SCHEMA_VERSION",
     "SUMMARY_FILE",
     "BenchConfig",
@@ -101,6 +110,7 @@ __all__ = [
     "config_from_args",
     "expand_methods",
     "load_records",
+    "load_runs",
     "main",
     "measure_costs",
     "record_key",
@@ -108,6 +118,7 @@ __all__ = [
     "run_bench",
     "summarize",
     "summarize_records",
+    "summarize_runs",
     "tau_speedup",
     "wilson_interval",
     "write_markdown",

@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--summarize-only", action="store_true", help="only rebuild the summary from --output-dir/results.jsonl")
     add("--no-warmup", action="store_true", help="skip the untimed warm-up generation of each method")
     add("--no-costs", action="store_true", help="skip measuring c and v (analytic speedup)")
+    add("--remeasure-costs", action="store_true", help="measure c and v again (on an idle machine) and replace "
+                                                        "this pair's entry in costs.json")  # fmt: skip
     add("-q", "--quiet", action="store_true", help="no progress output")
     return parser
 
@@ -83,7 +85,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         timed_examples=min(args.timed_examples, args.num_examples), batch_size=args.batch_size,
         seed=args.seed, dtype=args.dtype, threads=args.threads, output_dir=args.output_dir,
         data_dir=args.data_dir, summarize_only=args.summarize_only, warmup=not args.no_warmup,
-        measure_costs=not args.no_costs, progress=not args.quiet, command=command,
+        measure_costs=not args.no_costs,
+        remeasure_costs=args.remeasure_costs, progress=not args.quiet, command=command,
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
 MARKDOWN_FILE = "results.md"
 COSTS_FILE = "costs.json"
+RUNS_FILE = "runs.jsonl"
 PLOT_FILE = "quality_speed.png"
 PLOT_ACCEPTANCE_FILE = "quality_acceptance.png"
 LORA_METHOD = "exact+lora-draft"
@@ -210,6 +211,7 @@ class BenchConfig:
     summarize_only: bool = False
     warmup: bool = True
     measure_costs: bool = True
+    remeasure_costs: bool = False
     progress: bool = True
     command: str | None = None
 
@@ -298,6 +300,12 @@ class BenchConfig:
         self.dtype = resolve_dtype(self.dtype)
         if self.threads is not None and self.threads < 1:
             raise BenchError(f"--threads must be >= 1 (or left out for all cores); got {self.threads!r}.")
+        if self.remeasure_costs and not self.measure_costs:
+            raise BenchError("--remeasure-costs and --no-costs contradict each other; drop one of them.")
+        if self.remeasure_costs and self.summarize_only:
+            raise BenchError(
+                "--remeasure-costs loads the models to time them, --summarize-only loads none; drop one of them."
+            )
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise BenchError(
                 f"--data-dir {self.data_dir!r} is not a directory; point it at the folder holding "

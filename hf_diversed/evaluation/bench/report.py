@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .config import MARKDOWN_FILE, PLOT_ACCEPTANCE_FILE, PLOT_FILE, SCHEMA_VERSION, SUMMARY_FILE
 from .plan import _clean
+from .runs import format_runs, summarize_runs
 from .summary import summarize_records
 
 
@@ -29,8 +30,11 @@ ASSUMPTIONS = (
 
 
 def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: str | None = None,
-              costs: dict | None = None, config: dict | None = None) -> dict:  # fmt: skip
-    """Write ``summary.json``, ``results.md`` and the quality/speed plots for ``records``; return the summary."""
+              costs: dict | None = None, config: dict | None = None,
+              runs: Sequence[dict] | None = None) -> dict:  # fmt: skip
+    """Write ``summary.json``, ``results.md`` and the quality/speed plots for ``records``; return the summary.
+
+    ``runs``: the run log's lines (:func:`~.runs.load_runs`), summarized as wall-clock time and throughput."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = summarize_records(records, costs)
@@ -48,6 +52,7 @@ def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: s
         "config": config,
         "cpu_capabilities": sorted({str(r.get("cpu_capability")) for r in records if r.get("cpu_capability")}),
         "costs": costs or {},
+        "runs": summarize_runs(runs or [], records),
         "rows": rows,
     }
     (out_dir / SUMMARY_FILE).write_text(json.dumps(_clean(summary), indent=2) + "\n", encoding="utf-8")
@@ -180,4 +185,6 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
             t_cost, d_cost = cost.get("target_seconds_per_token"), cost.get("draft_seconds_per_token")
             c = _fmt(cost.get("c"), ".3f")
             lines.append(f"| {name} | {_fmt(t_cost, '.4f')} | {_fmt(d_cost, '.4f')} | {c} | {v} |")
+    if summary.get("runs"):
+        lines += ["", *format_runs(summary["runs"])]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

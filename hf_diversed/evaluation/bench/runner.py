@@ -23,6 +23,7 @@ from .config import COSTS_FILE, LORA_METHOD, RESULTS_FILE, SCHEMA_VERSION, Bench
 from .costs import _costs_key, _read_costs, measure_costs
 from .plan import _Appender, _clean, _repair_torn_line, load_records, plan_generations, record_key, shard_plan
 from .report import summarize
+from .runs import load_runs, log_run
 
 # A finished process waits at a barrier for the slowest one, which may be hours behind (a resumed run whose
 # remaining work sits on one process): far longer than torch.distributed's default 30 minutes.
@@ -231,7 +232,8 @@ def run_bench(config: BenchConfig) -> dict | None:
                 f"no results in {results_path}; run the benchmark first (without --summarize-only) or pass the "
                 "--output-dir of an earlier run."
             )
-        return summarize(records, out_dir, command=config.command_line, costs=_read_costs(out_dir))
+        return summarize(records, out_dir, command=config.command_line, costs=_read_costs(out_dir),
+                         runs=load_runs(out_dir))  # fmt: skip
 
     import torch
 
@@ -259,17 +261,25 @@ def run_bench(config: BenchConfig) -> dict | None:
         processes.is_main
         and config.measure_costs
         and (
-            costs_key not in costs_all
+            config.remeasure_costs
+            or costs_key not in costs_all
             or any(str(n) not in costs_all[costs_key].get("v", {}) for n in config.num_assistant_tokens)
         )
     )
+    if todo_all and processes.is_main:
+        log_run(out_dir, {
+            "command": config.command_line, "threads": config.threads or torch.get_num_threads(),
+            "batch_size": config.batch_size, "dtype": config.dtype, "num_processes": processes.count,
+            "planned": len(plan), "to_run": len(todo_all),
+        })  # fmt: skip
     _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs, processes)
     processes.wait()  # every process's records are on disk
     if not processes.is_main:
         return None
     records = [r for r in load_records(results_path) if record_key(r) in planned_keys]
     summary_config = {**config.to_dict(), "num_processes": processes.count}
-    return summarize(records, out_dir, command=config.command_line, costs=_read_costs(out_dir), config=summary_config)
+    return summarize(records, out_dir, command=config.command_line, costs=_read_costs(out_dir), config=summary_config,
+                     runs=load_runs(out_dir))  # fmt: skip
 
 
 def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs, processes) -> None:
