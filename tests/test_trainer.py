@@ -3,6 +3,7 @@ batched rollouts it trains on (the same rollouts as batch-1 generate)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from hf_diversed import DiversedHeadConfig
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
+from hf_diversed.trainer.curves import CURVES_FILE, load_history
 from hf_diversed.trainer.rollout import collect_rollout, collect_rollouts
 
 torch.set_num_threads(1)
@@ -164,7 +166,7 @@ def test_collect_rollouts_match_collect_rollout_greedy(pair):
 def test_reward_trusting_draft_lowers_w(pair, tmp_path):
     target, draft = pair
     before_t, before_d = _params(target), _params(draft)
-    config = _config(tmp_path, max_steps=25, num_eval_prompts=6)
+    config = _config(tmp_path, max_steps=25, num_eval_prompts=6, eval_steps=10)
     trainer = DiversedTrainer(
         config,
         target,
@@ -182,6 +184,13 @@ def test_reward_trusting_draft_lowers_w(pair, tmp_path):
     assert trained["mean_w"] < untrained["mean_w"] - 0.1
     assert trained["acceptance_rate"] > untrained["acceptance_rate"]
     assert trained["reward"] > untrained["reward"]
+    # the learning curve: the untrained head at step 0 (reused as the final "untrained" row), every 10 steps, the end
+    out = Path(config.output_dir)
+    evals = [h for h in load_history(out / "log_history.jsonl") if h["split"] == "eval"]
+    assert [h["step"] for h in evals] == [0, 10, 20, 25]
+    assert {k: evals[0][k] for k in untrained} == untrained == trainer.evaluate(trainer.ref_head)
+    assert {k: evals[-1][k] for k in trained} == trained
+    assert (out / CURVES_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (Path(config.output_dir) / "model.safetensors").is_file()
     card = (Path(config.output_dir) / "README.md").read_text()
     assert "## Training" in card and "| learning_rate |" in card and "untrained" in card
@@ -237,6 +246,56 @@ def test_resume_is_exact(pair, tmp_path):
     assert _same(load_file(str(tmp_path / "a" / "out" / "model.safetensors")), _params(resumed))
 
 
+def test_steps_per_generation_draws_a_block_with_one_head(pair, tmp_path):
+    """K = 2: one sampler call draws two steps' rollouts with the head of the first; the first step of a block is
+    the on-policy step, the second learns from rollouts of the head one update older; resuming is exact."""
+    target, draft = pair
+
+    def make(out, k, **extra):
+        config = _config(tmp_path / out, max_steps=4, acceptance_coef=0.5, steps_per_generation=k, **extra)
+        trainer = DiversedTrainer(
+            config, target, draft, train_dataset=_dataset(6), reward_funcs=[_trust_draft_reward(target, draft)]
+        )
+        calls, drawn = [], []
+        real_rollouts, real_next = trainer._rollouts, trainer._next_rollouts
+
+        def rollouts(head, rows, generations, keys):
+            calls.append([key[1] for key in keys])  # the steps whose rollouts this call draws
+            return real_rollouts(head, rows, generations, keys)
+
+        def next_rollouts():
+            rows, batch, age = real_next()
+            drawn.append((trainer.step, batch, copy.deepcopy(trainer.accelerator.unwrap_model(trainer.head))))
+            return rows, batch, age
+
+        trainer._rollouts, trainer._next_rollouts = rollouts, next_rollouts
+        return trainer, calls, drawn
+
+    on_policy, on_calls, _ = make("k1", 1)
+    on_policy.train()
+    blocked, calls, drawn = make("k2", 2, save_steps=2)
+    blocked.train()
+    assert on_calls == [[s] * 4 for s in range(4)]
+    assert calls == [[0] * 4 + [1] * 4, [2] * 4 + [3] * 4]
+    assert [h["rollout_age"] for h in blocked.history] == [0, 1, 0, 1]
+    # the same rollouts and head: the same first update (features up to float rounding: other batch shapes)
+    first, reference = blocked.history[0], on_policy.history[0]
+    assert all(first[k] == reference[k] for k in ("reward", "acceptance_rate", "mean_w"))
+    assert first == pytest.approx(reference, rel=1e-5, abs=1e-7)
+    for step, batch, head_now in drawn:
+        drew = drawn[step - step % 2][2]  # the head at the block's first step
+        for rollout in batch:
+            w = head_now(draft_hidden_states=rollout.h_draft[None], target_hidden_states=rollout.h_target[None])
+            w_drew = drew(draft_hidden_states=rollout.h_draft[None], target_hidden_states=rollout.h_target[None])
+            assert torch.allclose(rollout.w_old, w_drew.weight[0].detach(), atol=1e-6)
+            if step % 2:  # one update later the head has moved: these rollouts are off-policy
+                assert not torch.allclose(rollout.w_old, w.weight[0].detach(), atol=1e-4)
+    resumed, _, _ = make("k2b", 2, save_steps=2)
+    resumed.train(resume_from_checkpoint=tmp_path / "k2" / "out" / "checkpoint-2")
+    assert resumed.history == blocked.history
+    assert _same(_params(resumed.accelerator.unwrap_model(resumed.head)), _params(blocked.head))
+
+
 def test_reward_validation(pair, tmp_path):
     target, draft = pair
     config = _config(tmp_path, max_steps=1)
@@ -272,6 +331,10 @@ def test_config_validation():
         DiversedTrainerConfig(report_to="wandb")
     with pytest.raises(ValueError, match="hub_model_id"):
         DiversedTrainerConfig(push_to_hub=True)
+    with pytest.raises(ValueError, match="steps_per_generation"):
+        DiversedTrainerConfig(steps_per_generation=0)
+    with pytest.raises(ValueError, match="save_steps as a multiple of steps_per_generation"):
+        DiversedTrainerConfig(save_steps=3, steps_per_generation=2)
 
 
 @pytest.mark.parametrize("recipe", ["gsm8k", "code", "summarization"])

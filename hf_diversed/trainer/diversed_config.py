@@ -37,6 +37,14 @@ class DiversedTrainerConfig:
             "sampler)."
         },
     )
+    steps_per_generation: int = field(
+        default=1,
+        metadata={
+            "help": "Optimisation steps whose rollouts are drawn together, with the head of the first of them (TRL's "
+            "name): K x num_prompts x num_generations rows fill the sampler's batch. 1: every step on-policy. "
+            "Later steps of a block learn off-policy; the PPO ratio against the recorded w corrects for it."
+        },
+    )
     learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     warmup_steps: int = field(default=10, metadata={"help": "Linear warm-up steps."})
@@ -50,7 +58,9 @@ class DiversedTrainerConfig:
     seed: int = field(default=0, metadata={"help": "Seed of data order, rollouts and head init."})
     output_dir: str = field(default="outputs/diversed-head", metadata={"help": "Checkpoints and final head."})
     save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps (0: never)."})
-    eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps (0: only at the end)."})
+    eval_steps: int = field(
+        default=0, metadata={"help": "Evaluate every N steps and the untrained head at step 0 (0: only at the end)."}
+    )
     num_eval_prompts: int = field(default=0, metadata={"help": "Eval prompts (0: no evaluation)."})
     logging_steps: int = field(default=1, metadata={"help": "Log metrics every N steps."})
     report_to: str = field(default="none", metadata={"help": "none or tensorboard."})
@@ -74,6 +84,7 @@ class DiversedTrainerConfig:
             "max_new_tokens",
             "num_assistant_tokens",
             "rollout_batch_size",
+            "steps_per_generation",
             "max_steps",
             "ppo_epochs",
             "logging_steps",
@@ -81,6 +92,12 @@ class DiversedTrainerConfig:
             positive(name)
         for name in ("warmup_steps", "save_steps", "eval_steps", "num_eval_prompts", "head_hidden_size"):
             positive(name, allow_zero=True)
+        if self.save_steps % self.steps_per_generation:
+            raise ValueError(
+                f"`save_steps`={self.save_steps} must be a multiple of `steps_per_generation`="
+                f"{self.steps_per_generation}: a checkpoint inside a generation block could not redraw that block's "
+                "rollouts on resume. Pick save_steps as a multiple of steps_per_generation."
+            )
         if self.max_train_prompts is not None:
             positive("max_train_prompts")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):

@@ -18,6 +18,7 @@ import torch
 from ..modeling.hub import push_head_folder, write_custom_generate
 from ..modeling.model_card import render_head_card
 from ..modeling.modeling_diversed_head import DiversedHead
+from .curves import CURVES_FILE, plot_learning_curves
 from .diversed_config import DiversedTrainerConfig
 from .rollout import Rollout, collect_rollouts
 
@@ -104,6 +105,10 @@ class DiversedTrainer:
     over the verified (emitted drafted) positions; the second term is the expected rejection rate
     (acceptance = 1 - w TV), so lambda > 0 pushes w down where the models disagree and raises acceptance.
 
+    With ``steps_per_generation`` K > 1 the rollouts of K consecutive steps are drawn together (K times the rows,
+    so the sampler's batch fills) by the head of the block's first step; the later steps learn off-policy, and
+    rho_t, taken against the recorded w of the head that drew y_t, is the importance ratio that corrects for it.
+
     ``accelerate`` runs it on one or many processes: only the head and optimiser are prepared; each
     process rolls out its shard of each step's prompts (``num_prompts`` must divide by the process count).
     """
@@ -183,7 +188,9 @@ class DiversedTrainer:
         self.data_position = 0
         self.history: list[dict[str, float]] = []
         self.eval_metrics: dict[str, Any] = {}
+        self.untrained_eval: dict[str, float] | None = None  # the held-out metrics of the initial head
         self._writer = None
+        self._pending: list[tuple[list[dict], list[Rollout], int]] = []  # drawn rollouts of the block's later steps
 
     # ----------------------------------------------------------------- data
     def _load(self, split: str):
@@ -291,17 +298,38 @@ class DiversedTrainer:
         std = centered_all.std() if centered_all.numel() > 1 else torch.tensor(0.0)
         return (centered / (std + 1e-8)).view(-1), everything
 
+    def _next_rollouts(self) -> tuple[list[dict], list[Rollout], int]:
+        """This step's prompts, rollouts and their age (steps since the head that drew them).
+
+        At the first step of a block of ``steps_per_generation`` steps, the rollouts of every step of the block are
+        drawn in one sampler call with the current head; the block's later steps take theirs from it. Seeds are
+        keyed by (step, index in the step's global batch), so a block's first step draws what an on-policy run
+        draws, and a run resumed at a block boundary redraws exactly the same rollouts."""
+        cfg = self.config
+        if not self._pending:
+            steps = min(cfg.steps_per_generation, cfg.max_steps - self.step)
+            blocks, rows_all, keys_all = [], [], []
+            for j in range(steps):
+                rows = [self.train_dataset[i] for i in self._step_rows(self.data_position + j * cfg.num_prompts)]
+                first = self.accelerator.process_index * len(rows)
+                rows_all += rows
+                keys_all += [("train", self.step + j, first + k) for k in range(len(rows))]
+                blocks.append(rows)
+            head = self.accelerator.unwrap_model(self.head)
+            head.eval()
+            with torch.no_grad():
+                rollouts = self._rollouts(head, rows_all, cfg.num_generations, keys_all)
+            head.train()
+            start = 0
+            for age, rows in enumerate(blocks):
+                count = len(rows) * cfg.num_generations
+                self._pending.append((rows, rollouts[start : start + count], age))
+                start += count
+        return self._pending.pop(0)
+
     def training_step(self) -> dict[str, float]:
         cfg = self.config
-        head = self.accelerator.unwrap_model(self.head)
-        rows = [self.train_dataset[i] for i in self._step_rows(self.data_position)]
-        # Seeds keyed by (step, index in the step's global batch): resuming redraws exactly the same rollouts.
-        first = self.accelerator.process_index * len(rows)
-        keys = [("train", self.step, first + j) for j in range(len(rows))]
-        head.eval()
-        with torch.no_grad():
-            rollouts = self._rollouts(head, rows, cfg.num_generations, keys)
-        head.train()
+        rows, rollouts, age = self._next_rollouts()
         expanded_rows = [row for row in rows for _ in range(cfg.num_generations)]
         task_rewards = self._rewards(expanded_rows, rollouts)
 
@@ -368,6 +396,7 @@ class DiversedTrainer:
             "loss": sum(losses) / len(losses),
             "lr": lr,
             "reward_std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
+            "rollout_age": float(age),
             **{k: v for k, v in parts.items() if k != "wtv"},
         }
 
@@ -429,6 +458,7 @@ class DiversedTrainer:
                     "step": self.step,
                     "data_position": self.data_position,
                     "history": self.history,
+                    "untrained_eval": self.untrained_eval,
                     "config": asdict(self.config),
                 },
                 directory / _STATE_FILE,
@@ -453,7 +483,9 @@ class DiversedTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.ref_head.load_state_dict(state["ref_head"])
         self.step, self.data_position = state["step"], state["data_position"]
+        self._pending = []
         self.history = list(state.get("history", []))
+        self.untrained_eval = state.get("untrained_eval")
         rng_file = directory / f"rng_state_{self.accelerator.process_index}.pth"
         if rng_file.is_file():
             rng = torch.load(rng_file, weights_only=False)
@@ -469,6 +501,11 @@ class DiversedTrainer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("a") as f:
             f.write(json.dumps({"step": self.step, "split": prefix, **metrics}) + "\n")
+        if prefix == "eval":
+            try:
+                plot_learning_curves(log_path, log_path.parent / CURVES_FILE)
+            except ImportError:  # matplotlib is in the bench extra; the JSONL holds the same numbers
+                pass
         if self.config.report_to == "tensorboard":
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
@@ -488,6 +525,10 @@ class DiversedTrainer:
         else:
             torch.manual_seed(cfg.seed + self.accelerator.process_index)
             random.seed(cfg.seed + self.accelerator.process_index)
+        if cfg.num_eval_prompts and cfg.eval_steps and self.step == 0 and self.untrained_eval is None:
+            # the curve's first point; its values are also the final "untrained" row (same prompts and seeds)
+            self.untrained_eval = self.evaluate(self.ref_head)
+            self._log(self.untrained_eval, prefix="eval")
         bar = tqdm(
             total=cfg.max_steps,
             initial=self.step,
@@ -511,7 +552,8 @@ class DiversedTrainer:
         self._check_frozen()
         head = self.accelerator.unwrap_model(self.head)
         if cfg.num_eval_prompts:
-            self.eval_metrics = {"trained": self.evaluate(head), "untrained": self.evaluate(self.ref_head)}
+            untrained = self.untrained_eval if self.untrained_eval is not None else self.evaluate(self.ref_head)
+            self.eval_metrics = {"trained": self.evaluate(head), "untrained": untrained}
             self._log(self.eval_metrics["trained"], prefix="eval")
         self.save_model()
         if self._writer is not None:

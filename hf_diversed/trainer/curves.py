@@ -1,0 +1,57 @@
+"""Learning curves of a head's training run, drawn from its ``log_history.jsonl`` (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+__all__ = ["CURVES_FILE", "load_history", "plot_learning_curves"]
+
+CURVES_FILE = "learning_curves.png"
+_PANELS = (("reward", "task reward"), ("acceptance_rate", "acceptance (accepted / drafted)"), ("mean_w", "mean w"))
+
+
+def load_history(path: str | os.PathLike) -> list[dict]:
+    """The lines of a ``log_history.jsonl`` (a torn last line of a killed run is skipped)."""
+    lines = []
+    for text in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            lines.append(json.loads(text))
+        except json.JSONDecodeError:
+            continue
+    return lines
+
+
+def plot_learning_curves(history: str | os.PathLike | list[dict], path: str | os.PathLike) -> Path | None:
+    """Reward, acceptance and mean w against the step: the training batches (thin line), the held-out evaluations
+    (markers; step 0 is the untrained head, whose value is also drawn as a dashed line). Returns the path, or None
+    when the history has no line to draw."""
+    lines = load_history(history) if not isinstance(history, list) else history
+    train = [h for h in lines if h.get("split") == "train"]
+    evals = [h for h in lines if h.get("split") == "eval"]
+    if not train and not evals:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 3.6), layout="constrained")
+    FigureCanvasAgg(figure)
+    untrained = next((h for h in evals if h["step"] == 0), None)
+    for axis, (key, label) in zip(figure.subplots(1, len(_PANELS)), _PANELS, strict=True):
+        points = [(h["step"], h[key]) for h in train if key in h]
+        if points:
+            axis.plot(*zip(*points, strict=True), lw=0.8, alpha=0.5, color="tab:gray", label="training batch")
+        points = sorted({h["step"]: h[key] for h in evals if key in h}.items())
+        if points:
+            axis.plot(*zip(*points, strict=True), marker="o", color="tab:blue", label="held-out evaluation")
+        if untrained is not None and key in untrained:
+            axis.axhline(untrained[key], ls="--", color="tab:red", lw=1, label="untrained head")
+        axis.set_xlabel("step")
+        axis.set_title(label)
+        axis.grid(alpha=0.3)
+    figure.axes[0].legend(fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return path
