@@ -296,6 +296,35 @@ def test_steps_per_generation_draws_a_block_with_one_head(pair, tmp_path):
     assert _same(_params(resumed.accelerator.unwrap_model(resumed.head)), _params(blocked.head))
 
 
+def test_lr_sweep_moves_w_more_with_a_larger_rate(pair, tmp_path, monkeypatch):
+    """training/lr_sweep.py: one cached block of rollouts, the same first updates at each rate."""
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import lr_sweep
+
+    target, draft = pair
+    config = _config(tmp_path, max_steps=10, acceptance_coef=0.5)
+    data = dict(train_dataset=_dataset(6), reward_funcs=[_trust_draft_reward(target, draft)])
+    cache = tmp_path / "rollouts.pt"
+    blocks = lr_sweep.draw_block(config, 3, target, draft, None, cache, **data)
+    assert len(blocks) == 3 and all(len(batch) == 4 for _, batch, _ in blocks) and cache.is_file()
+    monkeypatch.setattr(lr_sweep, "DiversedTrainer", None)  # a cached block is loaded, not drawn again
+    again = lr_sweep.draw_block(config, 3, target, draft, None, cache, **data)
+    assert [r.completion_ids.tolist() for _, b, _ in again for r in b] == [
+        r.completion_ids.tolist() for _, b, _ in blocks for r in b
+    ]
+    monkeypatch.undo()
+    records = lr_sweep.sweep(config, [1e-1, 1e-3], blocks, target, draft, **data)
+    assert [(r["learning_rate"], r["update"]) for r in records] == [(lr, u) for lr in (1e-1, 1e-3) for u in range(4)]
+    big, small = records[:4], records[4:]
+    assert big[0]["mean_w"] == small[0]["mean_w"]  # the same initial head
+    assert sum(r["moved"] for r in big) > 3 * sum(r["moved"] for r in small) > 0
+    lr_sweep.write_report(records, tmp_path / "sweep", "python training/lr_sweep.py ...", 100, 12)
+    table = (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "| 0.1 |" in table and "| 0.001 |" in table
+    assert len((tmp_path / "sweep" / "sweep.jsonl").read_text().splitlines()) == len(records)
+    assert (tmp_path / "sweep" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_reward_validation(pair, tmp_path):
     target, draft = pair
     config = _config(tmp_path, max_steps=1)
