@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from hf_diversed import bench
+from hf_diversed.evaluation.bench.frontier import compare_to_frontier, frontier_methods
 from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
 from hf_diversed.evaluation.bench.runs import format_runs, load_runs
 
@@ -45,6 +46,59 @@ def _num(x, spec=".2f") -> str:
 
 def _model(speedup, speedup_v1) -> str:
     return "-" if speedup is None else f"{speedup:.2f}× ({_num(speedup_v1)}×)"
+
+
+def _gap(value, interval, defined: float, spec: str, scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    text = f"{scale * value:+{spec}}"
+    if interval:
+        text += f" [{scale * interval[0]:+{spec}}, {scale * interval[1]:+{spec}}]"
+    if defined < 0.95:
+        text += f" (defined in {100 * defined:.0f}% of resamples)"
+    return text
+
+
+def frontier_section(records: list[dict]) -> list[str]:
+    """Every method outside the static sweep against the sweep's frontier (per temperature, N, length)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("engine") == "sampler":
+            groups.setdefault((r["temperature"], r["N"], r["max_new_tokens"]), []).append(r)
+    lines = []
+    for (temperature, n, length), group in sorted(groups.items()):
+        methods = sorted({r["method"] for r in group} - set(frontier_methods({r["method"] for r in group})))
+        compared = [c for m in methods if (c := compare_to_frontier(group, m)) is not None]
+        if not compared:
+            continue
+        lines += [
+            "",
+            f"Against the static frontier (T = {temperature:g}, N = {n}, {length} tokens; frontier: "
+            f"{', '.join(compared[0]['frontier'])}, exact SD as w = 1). Each comparison uses the examples every "
+            "method shares; intervals are paired bootstrap intervals (2,000 resamples of the examples).",
+            "",
+            "| method | n | acceptance | quality | frontier quality at this acceptance | Δ quality | frontier "
+            "acceptance at this quality | Δ acceptance (points) | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in compared:
+            lines.append(
+                f"| {c['method']} | {c['n']} | {_pct(c['acceptance'])} | {c['quality']:.1f} | "
+                f"{_num(c['frontier_quality'], '.1f')} | "
+                f"{_gap(c['quality_gap'], c['quality_gap_ci'], c['quality_gap_defined'], '.1f')} | "
+                f"{_pct(c['frontier_acceptance'])} | "
+                f"{_gap(c['acceptance_gap'], c['acceptance_gap_ci'], c['acceptance_gap_defined'], '.1f', 100)} | "
+                f"{c['verdict']} |"
+            )
+    if lines:
+        lines += [
+            "",
+            "Frontier quality: the least-squares non-increasing fit of the sweep's quality against its acceptance, "
+            "linear between points; frontier acceptance: the highest acceptance at which that fit reaches the "
+            "method's quality. Verdict from the Δ quality interval (beyond: above 0; inside: below 0; on it: "
+            "contains 0). `-`: outside the sweep's range (no static point reaches that acceptance or quality).",
+        ]
+    return lines
 
 
 def task_section(task: str, out_dir: Path) -> list[str]:
@@ -97,6 +151,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         ]
     if summary.get("runs"):
         lines += ["", *format_runs(summary["runs"])]
+    lines += frontier_section(records)
     lines += ["", f"![quality vs acceptance]({out_dir.relative_to(ROOT / 'docs')}/{bench.PLOT_ACCEPTANCE_FILE})", ""]
     if task in PAPER:
         sd, ours, quality = PAPER[task]

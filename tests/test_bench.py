@@ -430,3 +430,49 @@ def test_run_log_gives_wall_clock_and_throughput():
     text = "\n".join(format_runs(summary))
     assert "1.00 h" in text and "1 earlier records predate the log" in text
     assert summarize_runs([], records) is None and format_runs(None) == []
+
+
+def _frontier_records(method: str, acceptance: float, quality: float, n: int = 100) -> list[dict]:
+    """n sampler records whose pooled acceptance and mean quality are the given ones (10 drafts each)."""
+    accepted = round(acceptance * 10 * n)
+    return [
+        {"engine": "sampler", "method": method, "example_index": i, "drafted": 10, "metric": "exact_match",
+         "accepted": accepted // n + (i < accepted % n), "quality": float(i < round(quality * n))}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_frontier_comparison_places_methods_beyond_on_or_inside():
+    """Quality at equal acceptance against the static sweep (+ exact as w = 1), with a paired bootstrap interval."""
+    from hf_diversed.evaluation.bench.frontier import _acceptance_at, _decreasing_fit, compare_to_frontier
+
+    assert _decreasing_fit([30, 20, 25, 10, 12, 5]) == [30, 22.5, 22.5, 11, 11, 5]
+    assert _acceptance_at(22.5, [0.1, 0.2, 0.3, 0.4], [30, 22.5, 22.5, 11]) == 0.3  # a flat stretch: its far end
+    assert _acceptance_at(26.25, [0.1, 0.2, 0.3], [30, 22.5, 22.5]) == pytest.approx(0.15)
+    assert _acceptance_at(31, [0.1, 0.2], [30, 20]) is None
+
+    records = (
+        _frontier_records("exact", 0.70, 0.60)
+        + _frontier_records("static:0.5", 0.85, 0.50)
+        + _frontier_records("static:0.1", 0.95, 0.30)
+        + _frontier_records("cascade-opt:0.1", 0.90, 0.70)  # above the line through (0.85, 50) and (0.95, 30)
+        + _frontier_records("lossy:0.5", 0.85, 0.20)  # far below it
+        + _frontier_records("lossy:0.9", 0.80, 0.30)  # reaches static:0.1's quality at lower acceptance
+        + _frontier_records("token-class:digits:0", 0.99, 0.55)  # more acceptance than any static point
+    )
+    beyond = compare_to_frontier(records, "cascade-opt:0.1", resamples=400)
+    assert beyond["n"] == 100 and beyond["frontier"] == ["exact", "static:0.1", "static:0.5"]
+    assert beyond["frontier_quality"] == pytest.approx(40.0) and beyond["quality_gap"] == pytest.approx(30.0)
+    assert beyond["quality_gap_ci"][0] > 0 and beyond["verdict"] == "beyond the frontier"
+    assert beyond["frontier_acceptance"] is None  # no static point reaches 70
+    inside = compare_to_frontier(records, "lossy:0.5", resamples=400)
+    assert inside["quality_gap"] == pytest.approx(-30.0) and inside["verdict"] == "inside the frontier"
+    lower = compare_to_frontier(records, "lossy:0.9", resamples=400)
+    assert lower["frontier_acceptance"] == pytest.approx(0.95) and lower["acceptance_gap"] == pytest.approx(-0.15)
+    assert lower["acceptance_gap_ci"][1] < 0
+    on = compare_to_frontier(records, "static:0.5", resamples=400)  # a sweep point against the others
+    assert on["frontier"] == ["exact", "static:0.1"] and on["quality_gap"] == pytest.approx(8.0)
+    outside = compare_to_frontier(records, "token-class:digits:0", resamples=100)
+    assert outside["quality_gap"] is None and outside["verdict"] == "outside the sweep's acceptance range"
+    assert compare_to_frontier(records, "diversed") is None
+    assert compare_to_frontier(_frontier_records("exact", 0.7, 0.6) + records[-100:], "token-class:digits:0") is None

@@ -26,8 +26,8 @@ Programmatic use::
 
 One module per stage: ``config`` (options, methods, output files, errors), ``plan`` (record keys, the plan,
 the results file), ``runner`` (the models, the sampler and the timed loop), ``costs`` (per-token costs, speed
-models), ``runs`` (the run log), ``summary`` (pooled rows, intervals), ``report`` (summary.json, results.md,
-plots), ``cli``.
+models), ``frontier`` (a method against the static sweep), ``runs`` (the run log), ``summary`` (pooled rows,
+intervals), ``report`` (summary.json, results.md, plots), ``cli``.
 """
 
 from .cli import (
@@ -57,6 +57,9 @@ from .costs import (
     analytic_speedup,
     measure_costs,
     tau_speedup,
+)
+from .frontier import (
+    compare_to_frontier,
 )
 from .plan import (
     ENGINES,
@@ -107,6 +110,7 @@ __all__ = [
     "add_arguments",
     "analytic_speedup",
     "bootstrap_interval",
+    "compare_to_frontier",
     "config_from_args",
     "expand_methods",
     "load_records",

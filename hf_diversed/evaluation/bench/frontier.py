@@ -1,0 +1,152 @@
+"""Where a method lies against the static-ensemble frontier, with paired bootstrap intervals.
+
+The frontier is the static sweep ``static:W`` plus exact SD (w = 1), each a point (acceptance, quality) over the
+same examples and seeds. Acceptance falls as w grows, so the points ordered by acceptance trace quality as a
+function of acceptance, Q(a). A method at (a, q) is compared two ways:
+
+- quality at equal acceptance: Δq = q − Q(a), defined while a lies inside the sweep's acceptance range;
+- acceptance at equal quality: Δa = a − A(q), with A(q) the highest acceptance at which Q still reaches q,
+  defined while q lies inside Q's range.
+
+Q is the least-squares non-increasing fit of the points' quality against their acceptance (pool adjacent
+violators), linear between points: sampled qualities are noisy, and a frontier's quality cannot rise with
+acceptance.
+
+Intervals resample the examples (the same draw for every method, so the comparison stays paired) and recompute
+every point. The verdict reads Δq's interval: beyond the frontier when it lies above 0, inside when below, on it
+otherwise.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+
+__all__ = ["compare_to_frontier", "frontier_methods"]
+
+
+def frontier_methods(methods: Sequence[str]) -> list[str]:
+    """The methods that make the frontier: every ``static:W`` and ``exact`` (w = 1)."""
+    return [m for m in methods if m == "exact" or m.startswith("static:")]
+
+
+def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Piecewise-linear y(x) through points sorted by x; None outside [xs[0], xs[-1]]."""
+    if not xs or x < xs[0] - 1e-12 or x > xs[-1] + 1e-12:
+        return None
+    for i in range(1, len(xs)):
+        if x <= xs[i] + 1e-12:
+            span = xs[i] - xs[i - 1]
+            t = 0.0 if span <= 0 else (x - xs[i - 1]) / span
+            return ys[i - 1] + min(max(t, 0.0), 1.0) * (ys[i] - ys[i - 1])
+    return ys[-1]
+
+
+def _decreasing_fit(values: Sequence[float]) -> list[float]:
+    """Least-squares non-increasing fit of ``values`` (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [s / c for s, c in blocks for _ in range(int(c))]
+
+
+def _acceptance_at(quality: float, accs: Sequence[float], fitted: Sequence[float]) -> float | None:
+    """The highest acceptance at which the non-increasing fit still reaches ``quality`` (flat stretches, common
+    with 0/1 rewards, count at their high-acceptance end); None outside the fit's range."""
+    eps = 1e-9
+    if quality > fitted[0] + eps or quality < fitted[-1] - eps:
+        return None
+    j = max(i for i, f in enumerate(fitted) if f >= quality - eps)
+    if j == len(fitted) - 1 or fitted[j] - fitted[j + 1] <= eps:
+        return accs[j]
+    t = (fitted[j] - quality) / (fitted[j] - fitted[j + 1])
+    return accs[j] + t * (accs[j + 1] - accs[j])
+
+
+def _point(records: dict[int, dict], sample: Sequence[int], scale: float) -> tuple[float, float] | None:
+    drafted = sum(records[i]["drafted"] for i in sample)
+    if drafted <= 0:
+        return None
+    accepted = sum(records[i]["accepted"] for i in sample)
+    return accepted / drafted, scale * sum(records[i]["quality"] for i in sample) / len(sample)
+
+
+def _deltas(by_method, frontier, method, sample, scale):
+    points = sorted(p for m in frontier if (p := _point(by_method[m], sample, scale)) is not None)
+    own = _point(by_method[method], sample, scale)
+    if own is None or len(points) < 2:
+        return None, None, own, None, None
+    accs = [p[0] for p in points]
+    fitted = _decreasing_fit([p[1] for p in points])  # quality against rising acceptance
+    q_front = _interp(own[0], accs, fitted)
+    a_front = _acceptance_at(own[1], accs, fitted)
+    dq = None if q_front is None else own[1] - q_front
+    da = None if a_front is None else own[0] - a_front
+    return dq, da, own, q_front, a_front
+
+
+def _interval(values: list[float]) -> list[float] | None:
+    if len(values) < 20:
+        return None
+    values = sorted(values)
+    return [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]]
+
+
+def compare_to_frontier(
+    records: Sequence[dict], method: str, *, resamples: int = 2000, seed: int = 0
+) -> dict | None:  # fmt: skip
+    """``method`` against the frontier on the examples every frontier method and ``method`` share.
+
+    ``records``: sampler records of one task, temperature, N and max_new_tokens (``hf-diversed bench`` lines).
+    Returns None when the frontier has fewer than two methods or they share no example with ``method``.
+    """
+    by_method: dict[str, dict[int, dict]] = defaultdict(dict)
+    for r in records:
+        if r.get("engine") == "sampler" and r.get("drafted") is not None and r.get("quality") is not None:
+            by_method[r["method"]][r["example_index"]] = r
+    frontier = frontier_methods(sorted(by_method))
+    if method not in by_method or len([m for m in frontier if m != method]) < 2:
+        return None
+    frontier = [m for m in frontier if m != method]
+    common = sorted(set.intersection(*(set(by_method[m]) for m in [*frontier, method])))
+    if not common:
+        return None
+    scale = 1.0 if by_method[method][common[0]].get("metric") == "rouge2" else 100.0
+    dq, da, own, q_front, a_front = _deltas(by_method, frontier, method, common, scale)
+    rng = random.Random(seed)
+    dqs, das = [], []
+    for _ in range(resamples):
+        sample = [rng.choice(common) for _ in common]
+        b_dq, b_da, *_ = _deltas(by_method, frontier, method, sample, scale)
+        if b_dq is not None:
+            dqs.append(b_dq)
+        if b_da is not None:
+            das.append(b_da)
+    dq_ci, da_ci = _interval(dqs), _interval(das)
+    if dq is None:
+        verdict = "outside the sweep's acceptance range"
+    elif dq_ci is None:
+        verdict = "undetermined"
+    else:
+        verdict = "beyond the frontier" if dq_ci[0] > 0 else "inside the frontier" if dq_ci[1] < 0 else "on it"
+    return {
+        "method": method,
+        "frontier": frontier,
+        "n": len(common),
+        "acceptance": own[0],
+        "quality": own[1],
+        "frontier_quality": q_front,
+        "quality_gap": dq,
+        "quality_gap_ci": dq_ci,
+        "quality_gap_defined": len(dqs) / resamples,
+        "frontier_acceptance": a_front,
+        "acceptance_gap": da,
+        "acceptance_gap_ci": da_ci,
+        "acceptance_gap_defined": len(das) / resamples,
+        "verdict": verdict,
+    }
