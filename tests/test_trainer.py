@@ -13,13 +13,14 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import EOS, build_tiny, prompts
+from conftest import EOS, build_tiny, chat_model, chat_tokenizer, prompts
 from safetensors.torch import load_file
 
 from hf_diversed import DiversedHeadConfig
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
 from hf_diversed.trainer.curves import CURVES_FILE, load_history
+from hf_diversed.trainer.imitation import fit_head_to_weights, roc_auc
 from hf_diversed.trainer.rollout import collect_rollout, collect_rollouts
 
 torch.set_num_threads(1)
@@ -129,6 +130,8 @@ def _assert_same_rollout(real, batched, what: str, unseen_draft_eos: bool = Fals
         a, b = getattr(real, name), getattr(batched, name)
         assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, f"{what}: {name} {a.shape} {b.shape}"
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0, msg=f"{what}: {name} differs")
+    for name in ("top_p", "top_q"):
+        assert torch.equal(getattr(real, name), getattr(batched, name)), f"{what}: {name} differs"
 
 
 def test_collect_rollouts_match_collect_rollout_greedy(pair):
@@ -323,6 +326,93 @@ def test_lr_sweep_moves_w_more_with_a_larger_rate(pair, tmp_path, monkeypatch):
     assert "| 0.1 |" in table and "| 0.001 |" in table
     assert len((tmp_path / "sweep" / "sweep.jsonl").read_text().splitlines()) == len(records)
     assert (tmp_path / "sweep" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fit_head_to_weights_learns_a_linear_rule():
+    """A rule that is a threshold on one hidden feature is fitted, and holds on rollouts the fit did not see."""
+    g = torch.Generator().manual_seed(0)
+    h_draft, h_target = torch.randn(3000, 8, generator=g), torch.randn(3000, 16, generator=g)
+    rule = (h_target[:, 3] > 0.8).float()  # ~20% "exact" positions, like digits in GSM8K answers
+    head = DiversedHead(DiversedHeadConfig(draft_hidden_size=8, target_hidden_size=16))
+    metrics = fit_head_to_weights(head, h_draft, h_target, rule, groups=torch.arange(3000) // 30, steps=300)
+    held = metrics["held_out"]
+    assert held["positions"] == 600 and metrics["fit"]["positions"] == 2400  # 20 of 100 rollouts held out
+    assert held["auc"] > 0.98 and held["mean_w_where_rule_high"] > 0.7 and held["mean_w_where_rule_low"] < 0.2
+    assert roc_auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])) == 0.75
+    assert roc_auc(torch.ones(4), torch.tensor([0, 1, 0, 1])) == 0.5 and roc_auc(torch.ones(2), torch.ones(2)) is None
+    with pytest.raises(ValueError, match="one row per position"):
+        fit_head_to_weights(head, h_draft[:10], h_target, rule)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        fit_head_to_weights(head, h_draft, h_target, rule * 2)
+
+
+def test_training_starts_from_a_head_fitted_to_a_rule(pair, tmp_path, monkeypatch):
+    """training/imitate_rule.py's pieces on real rollouts of the tiny pair, then RL from the fitted head."""
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import imitate_rule
+
+    from hf_diversed import TokenClassEnsemble
+
+    target, draft = pair
+    ids = _dataset(6)["input_ids"]
+    rollouts = collect_rollouts(target, draft, DiversedHead.for_models(target, draft), [torch.tensor(i) for i in ids],
+                                max_new_tokens=16, temperature=1.0, num_assistant_tokens=4, seeds=range(6))  # fmt: skip
+    torch.save(rollouts, tmp_path / "rollouts.pt")
+    loaded = imitate_rule.load_rollouts(tmp_path / "rollouts.pt")
+    rule = TokenClassEnsemble(frozenset(range(0, 128, 3)), 0.0)
+    targets, groups = imitate_rule.rule_targets(rule, loaded)
+    top_p, top_q = torch.cat([r.top_p for r in loaded]), torch.cat([r.top_q for r in loaded])
+    assert torch.equal(targets, ((top_p % 3 == 0) | (top_q % 3 == 0)).float())
+    assert groups.tolist() == [i for i, r in enumerate(loaded) for _ in range(r.num_tokens)]
+    head = DiversedHead.for_models(target, draft)
+    h_d, h_t = torch.cat([r.h_draft for r in loaded]), torch.cat([r.h_target for r in loaded])
+    fit_head_to_weights(head, h_d, h_t, targets, groups=groups, holdout=0.0, steps=50)
+    head.save_pretrained(tmp_path / "rule-head")
+
+    config = _config(tmp_path, max_steps=1, init_head=str(tmp_path / "rule-head"))
+    trainer = DiversedTrainer(config, target, draft, train_dataset=_dataset(), reward_funcs=[_constant_reward])
+    assert _same(_params(trainer.ref_head), _params(head)) and _same(_params(trainer.head), _params(head))
+    trainer.train()
+    assert _same(_params(DiversedHead.from_pretrained(tmp_path / "rule-head")), _params(head))  # the file is kept
+    with pytest.raises(ValueError, match="contradicts the head in `init_head`"):
+        DiversedTrainer(_config(tmp_path, init_head=str(tmp_path / "rule-head"), head_hidden_size=8), target, draft,
+                        train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
+    with pytest.raises(ValueError, match="not both"):
+        DiversedTrainer(config, target, draft, head=head, train_dataset=_dataset(), reward_funcs=[_constant_reward])
+    rollouts[0].top_p = None
+    with pytest.raises(ValueError, match="carry no most-likely tokens"):
+        imitate_rule.rule_targets(rule, rollouts)
+
+
+def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
+    """`python training/imitate_rule.py`: a tokenizer's digit class, a head fitted and saved with its metrics."""
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import imitate_rule
+
+    from hf_diversed.modeling.hub import load_head
+
+    texts = [f"Question {i}: {i} + {2 * i} = {3 * i} apples, answer {i * 7}." for i in range(200)]
+    tokenizer = chat_tokenizer(texts)
+    target, draft = chat_model(tokenizer, 0), chat_model(tokenizer, 1, noise=0.3)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    prompts_ = [tokenizer(t, return_tensors="pt")["input_ids"][0] for t in texts[:8]]
+    rollouts = collect_rollouts(target, draft, DiversedHead.for_models(target, draft), prompts_, max_new_tokens=24,
+                                temperature=1.0, num_assistant_tokens=4, seeds=range(8))  # fmt: skip
+    torch.save(rollouts, tmp_path / "rollouts.pt")
+    out = tmp_path / "rule-head"
+    assert imitate_rule.main([
+        "--rollouts_cache", str(tmp_path / "rollouts.pt"), "--output_dir", str(out), "--target",
+        str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--rule", "token-class:digits:0",
+        "--holdout", "0.25", "--steps", "30",
+    ]) == 0  # fmt: skip
+    report = json.loads((out / "imitation.json").read_text())
+    assert report["rule"] == "token-class:digits:0" and report["rollouts"] == 8
+    assert report["held_out"]["positions"] + report["fit"]["positions"] == sum(r.num_tokens for r in rollouts)
+    head = load_head(out, cache=False)
+    assert head.config.target_hidden_size == 64 and head.config.target_model == str(tmp_path / "target")
+    assert '"rule": "token-class:digits:0"' in capsys.readouterr().out
 
 
 def test_reward_validation(pair, tmp_path):

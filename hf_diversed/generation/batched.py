@@ -134,8 +134,8 @@ class SampleRequest:
 @dataclass
 class SampleTrace:
     """Per emitted *drafted* position (accepted drafts and corrections, never bonus tokens), as the trainer
-    reads a rollout: the token y, p(y), q(y), TV(p, q), the weight w used, whether the draft was accepted, and
-    the head's inputs."""
+    reads a rollout: the token y, p(y), q(y), TV(p, q), the weight w used, whether the draft was accepted, both
+    models' most likely tokens, and the head's inputs."""
 
     tokens: torch.Tensor  # (T,)
     p_y: torch.Tensor  # (T,)
@@ -143,6 +143,8 @@ class SampleTrace:
     tv: torch.Tensor  # (T,)
     w: torch.Tensor  # (T,)
     accepted: torch.Tensor  # (T,) bool: an accepted draft (False: the correction after a rejection)
+    top_p: torch.Tensor  # (T,) argmax p_t: the target's most likely token (what token-class rules look at)
+    top_q: torch.Tensor  # (T,) argmax q_t
     h_draft: torch.Tensor  # (T, D_draft)
     h_target: torch.Tensor  # (T, D_target)
 
@@ -312,7 +314,8 @@ class _Sampler:
         prompt = request.prompt_ids.reshape(-1).tolist()
         if not prompt:
             raise ValueError(f"request {index} has an empty prompt.")
-        trace = {k: [] for k in ("tokens", "p_y", "q_y", "tv", "w", "accepted", "h_draft", "h_target")}
+        trace = {k: [] for k in ("tokens", "p_y", "q_y", "tv", "w", "accepted", "top_p", "top_q", "h_draft",
+                                 "h_target")}  # fmt: skip
         return _Row(
             index=index, request=request, rule=rule, head=request.head, generator=generator, context=prompt,
             schedule_n=self.config.num_assistant_tokens, trace=trace if self.return_trace else None,
@@ -454,6 +457,8 @@ class _Sampler:
         # one transfer of the per-row verdicts, then plain Python per row
         x, accepted, corrections, bonus_tokens = (t.tolist() for t in (x, accepted, corrections, bonus_tokens))
         w_list, tv_list = w.tolist(), tv.tolist()
+        if any(row.trace is not None for row in rows):
+            top_p, top_q = p.argmax(-1).tolist(), q.argmax(-1).tolist()
         for i, row in enumerate(rows):
             if row.k < row.round_n:  # a drafted position
                 if x[i] in self.eos:
@@ -466,7 +471,8 @@ class _Sampler:
                     token, ends, ok = corrections[i], True, False
                 if row.trace is not None:
                     for key, value in (("tokens", token), ("p_y", float(p[i, token])), ("q_y", float(q[i, token])),
-                                       ("tv", tv_list[i]), ("w", w_list[i]), ("accepted", ok)):  # fmt: skip
+                                       ("tv", tv_list[i]), ("w", w_list[i]), ("accepted", ok),
+                                       ("top_p", top_p[i]), ("top_q", top_q[i])):  # fmt: skip
                         row.trace[key].append(value)
                     row.trace["h_draft"].append(h_draft[i].float().cpu())
                     row.trace["h_target"].append(h_target[i].float().cpu())
@@ -513,6 +519,8 @@ class _Sampler:
                 tv=torch.tensor(t["tv"], dtype=torch.float32),
                 w=torch.tensor(t["w"], dtype=torch.float32),
                 accepted=torch.tensor(t["accepted"], dtype=torch.bool),
+                top_p=torch.tensor(t["top_p"], dtype=torch.long),
+                top_q=torch.tensor(t["top_q"], dtype=torch.long),
                 h_draft=torch.stack(t["h_draft"]) if t["h_draft"] else torch.zeros(0, dims[0]),
                 h_target=torch.stack(t["h_target"]) if t["h_target"] else torch.zeros(0, dims[1]),
             )

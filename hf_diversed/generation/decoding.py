@@ -68,7 +68,8 @@ def _trace_round(
     EOS / length crops; never the bonus token) to ``settings.trace``.
 
     Entry keys: ``tokens`` (k,), ``p_y`` / ``q_y`` (k,) target / draft probabilities of the emitted tokens
-    (after logits processors), ``tv`` (k,) TV(p_t, q_t), ``w`` (k,) the mixture weight used, and, when a
+    (after logits processors), ``tv`` (k,) TV(p_t, q_t), ``w`` (k,) the mixture weight used, ``top_p`` /
+    ``top_q`` (k,) both models' most likely tokens, and, when a
     head is present, ``h_draft`` (k, D_draft) and ``h_target`` (k, D_target) (the head's inputs), all
     float32, detached, on CPU.
     """
@@ -84,6 +85,8 @@ def _trace_round(
         "q_y": q.gather(-1, tokens.view(-1, 1).to(q.device)).squeeze(-1).detach().cpu(),
         "tv": tv[0, :k].detach().float().cpu(),
         "w": weight[0, :k].detach().float().cpu(),
+        "top_p": p.argmax(-1).detach().cpu(),
+        "top_q": q.argmax(-1).detach().cpu(),
     }
     if target_recorder is not None and candidate_generator.draft_hidden_states is not None:
         entry["h_target"] = target_recorder.states[-1][0, -candidate_length - 1 : -1][:k].detach().float().cpu()

@@ -314,9 +314,13 @@ class TokenClassEnsemble(_MixtureRule):
         return cls(frozenset(ids), weight, label)
 
     def weights(self, p, q, head_weight):
-        ids = torch.tensor(sorted(self.token_ids), device=p.device)
-        in_class = torch.isin(p.argmax(-1), ids) | torch.isin(q.argmax(-1), ids)
-        return torch.where(in_class, torch.ones_like(p[..., 0]), torch.full_like(p[..., 0], self.weight))
+        return self.weights_from_top(p.argmax(-1), q.argmax(-1)).to(p.dtype)
+
+    def weights_from_top(self, top_p: torch.Tensor, top_q: torch.Tensor) -> torch.Tensor:
+        """w from both models' most likely tokens (ids, any shape): 1 where either is in the class, else w."""
+        ids = torch.tensor(sorted(self.token_ids), device=top_p.device)
+        in_class = torch.isin(top_p, ids) | torch.isin(top_q, ids)
+        return torch.where(in_class, 1.0, self.weight).float()
 
     def spec(self) -> str:
         return f"token-class:{self.label}:{self.weight:g}"

@@ -68,6 +68,11 @@ class DiversedTrainerConfig:
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id for push_to_hub."})
     init_weight: float = field(default=0.5, metadata={"help": "w of a fresh head (its static ensemble)."})
     head_hidden_size: int = field(default=0, metadata={"help": "0: one linear layer; >0: hidden layer width."})
+    init_head: str | None = field(
+        default=None,
+        metadata={"help": "Start from this head (Hub id or directory, e.g. one fitted to a rule by "
+                  "training/imitate_rule.py) instead of a fresh static one."},
+    )  # fmt: skip
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "Checkpoint directory to resume."})
 
     def __post_init__(self):

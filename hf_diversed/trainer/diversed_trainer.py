@@ -81,6 +81,20 @@ def _batched_head(head, h_draft: torch.Tensor, h_target: torch.Tensor) -> torch.
     return head(draft_hidden_states=h_draft.unsqueeze(0), target_hidden_states=h_target.unsqueeze(0)).weight[0]
 
 
+def _load_init_head(config: DiversedTrainerConfig) -> DiversedHead:
+    from ..modeling.hub import load_head
+
+    head = load_head(config.init_head, cache=False)  # trained in place: never the memoised instance
+    defaults = DiversedTrainerConfig.__dataclass_fields__
+    for name in ("init_weight", "head_hidden_size"):
+        if getattr(config, name) != defaults[name].default and getattr(config, name) != getattr(head.config, name):
+            raise ValueError(
+                f"`{name}`={getattr(config, name)} contradicts the head in `init_head` ({config.init_head!r}), which "
+                f"has {name}={getattr(head.config, name)}; drop `{name}` (the head keeps its own) or `init_head`."
+            )
+    return head
+
+
 class DiversedTrainer:
     """Trains a DIVERSED ensemble head by reinforcement learning on the decoding task.
 
@@ -163,6 +177,10 @@ class DiversedTrainer:
             raise ValueError(f"`num_prompts`={config.num_prompts} must be divisible by the process count {world}.")
 
         torch.manual_seed(config.seed)
+        if config.init_head:
+            if head is not None:
+                raise ValueError("Pass the initial head either as `head=` or as `config.init_head`, not both.")
+            head = _load_init_head(config)
         if head is None:
             head = DiversedHead.for_models(
                 target,

@@ -21,7 +21,7 @@ class Rollout:
     that define the head's policy nu_t(y) = w_t p_t(y) + (1 - w_t) q_t(y) at the emitted token y_t.
 
     Shapes: ``completion_ids`` (L,), ``h_draft`` (T, D_draft), ``h_target`` (T, D_target), ``p_y``, ``q_y``,
-    ``tv``, ``w_old`` (T,); float32 on CPU.
+    ``tv``, ``w_old`` (T,), float32; ``top_p``, ``top_q`` (T,) both models' most likely tokens, int64; on CPU.
     """
 
     completion_ids: torch.Tensor
@@ -32,6 +32,8 @@ class Rollout:
     tv: torch.Tensor
     w_old: torch.Tensor
     stats: DiversedStats
+    top_p: torch.Tensor | None = None
+    top_q: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -92,6 +94,8 @@ def collect_rollout(
         tv=cat("tv"),
         w_old=cat("w"),
         stats=out.diversed_stats,
+        top_p=torch.cat([e["top_p"] for e in trace]) if trace else torch.zeros(0, dtype=torch.long),
+        top_q=torch.cat([e["top_q"] for e in trace]) if trace else torch.zeros(0, dtype=torch.long),
     )
 
 
@@ -153,5 +157,7 @@ def collect_rollouts(
                 tv=trace.tv,
                 w_old=trace.w,
                 stats=result.stats,
+                top_p=trace.top_p,
+                top_q=trace.top_q,
             )
     return out

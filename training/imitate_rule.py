@@ -1,0 +1,95 @@
+"""Fit a head to a token-class rule, as a starting point for RL training.
+
+    python training/imitate_rule.py --rollouts_cache lr-sweep-gsm8k/rollouts.pt --rule token-class:digits:0 \
+        --output_dir outputs/rule-head-gsm8k
+    python training/train.py --config training/recipes/gsm8k.yaml --init_head outputs/rule-head-gsm8k
+
+The rollouts (``training/lr_sweep.py`` caches them) carry, per drafted position, both models' hidden states and
+most likely tokens; the rule gives w there (1 where either token is in the class, its w elsewhere) and
+:func:`hf_diversed.trainer.imitation.fit_head_to_weights` fits a fresh head to it, holding out a share of the
+rollouts to say how well the fit carries to new sequences. Writes the head (``save_pretrained``) and
+``imitation.json`` with the fit's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from trl import TrlParser
+
+from hf_diversed.generation.verification import TokenClassEnsemble, parse_rule
+from hf_diversed.modeling.modeling_diversed_head import DiversedHead
+from hf_diversed.trainer.imitation import fit_head_to_weights
+
+
+@dataclass
+class ImitationArguments:
+    rollouts_cache: str = field(metadata={"help": "A torch file of rollouts (training/lr_sweep.py's cache)."})
+    output_dir: str = field(metadata={"help": "Where the fitted head goes."})
+    rule: str = field(default="token-class:digits:0", metadata={"help": "The token-class rule to imitate."})
+    target: str = field(default="qwen2.5-coder-1.5b-instruct", metadata={"help": "Target (for the tokenizer)."})
+    draft: str = field(default="qwen2.5-coder-0.5b-instruct", metadata={"help": "Draft the head is built for."})
+    init_weight: float = field(default=0.5, metadata={"help": "w0 of the head's activation."})
+    holdout: float = field(default=0.2, metadata={"help": "Share of rollouts held out from the fit."})
+    steps: int = field(default=400, metadata={"help": "AdamW steps."})
+    learning_rate: float = field(default=1e-2, metadata={"help": "AdamW learning rate."})
+    seed: int = field(default=0, metadata={"help": "Seed of the held-out split and the batches."})
+
+
+def load_rollouts(path: str | Path) -> list:
+    """Rollouts from a cache: a list of rollouts, or training/lr_sweep.py's blocks of (rows, rollouts, age)."""
+    data = torch.load(path, weights_only=False)
+    if data and isinstance(data[0], tuple):
+        return [r for _, batch, _ in data for r in batch]
+    return list(data)
+
+
+def rule_targets(rule: TokenClassEnsemble, rollouts: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule's w at every drafted position of ``rollouts``, and the index of the rollout of each position."""
+    missing = [i for i, r in enumerate(rollouts) if getattr(r, "top_p", None) is None]
+    if missing:
+        raise ValueError(
+            f"rollouts {missing[:5]} carry no most-likely tokens (top_p/top_q); draw them again with this version "
+            "(training/lr_sweep.py with a new --rollouts_cache)."
+        )
+    targets = torch.cat([rule.weights_from_top(r.top_p, r.top_q) for r in rollouts])
+    groups = torch.cat([torch.full((r.num_tokens,), i) for i, r in enumerate(rollouts)])
+    return targets, groups
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from hf_diversed.evaluation.real_models import resolve_model
+
+    (args,) = TrlParser((ImitationArguments,)).parse_args_and_config(list(sys.argv[1:] if argv is None else argv))
+    target_path, draft_path = resolve_model(args.target), resolve_model(args.draft)
+    rule = parse_rule(args.rule, tokenizer=AutoTokenizer.from_pretrained(target_path))
+    if not isinstance(rule, TokenClassEnsemble):
+        raise SystemExit(f"--rule must be a token-class rule such as token-class:digits:0, got {args.rule!r}.")
+    rollouts = load_rollouts(args.rollouts_cache)
+    targets, groups = rule_targets(rule, rollouts)
+    configs = [AutoConfig.from_pretrained(p) for p in (target_path, draft_path)]
+    shells = [type("Shell", (), {"config": c})() for c in configs]  # for_models reads only the configs
+    torch.manual_seed(args.seed)
+    head = DiversedHead.for_models(*shells, init_weight=args.init_weight, target_model=args.target,
+                                   draft_model=args.draft, task=None)  # fmt: skip
+    h_draft = torch.cat([r.h_draft for r in rollouts])
+    h_target = torch.cat([r.h_target for r in rollouts])
+    metrics = fit_head_to_weights(head, h_draft, h_target, targets, groups=groups, holdout=args.holdout,
+                                  steps=args.steps, learning_rate=args.learning_rate, seed=args.seed)  # fmt: skip
+    out = Path(args.output_dir)
+    head.save_pretrained(out)
+    report = {"rule": rule.spec(), "rollouts": len(rollouts), **metrics, "arguments": asdict(args)}
+    (out / "imitation.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
