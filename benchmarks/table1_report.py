@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from hf_diversed import bench
-from hf_diversed.evaluation.bench.frontier import compare_to_frontier, frontier_methods
+from hf_diversed.evaluation.bench.frontier import compare_to_frontier, frontier_methods, method_label
 from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
 from hf_diversed.evaluation.bench.runs import format_runs, load_runs
 
@@ -67,7 +67,8 @@ def frontier_section(records: list[dict]) -> list[str]:
             groups.setdefault((r["temperature"], r["N"], r["max_new_tokens"]), []).append(r)
     lines = []
     for (temperature, n, length), group in sorted(groups.items()):
-        methods = sorted({r["method"] for r in group} - set(frontier_methods({r["method"] for r in group})))
+        labels = {method_label(r) for r in group}
+        methods = sorted(labels - set(frontier_methods(labels)))
         compared = [c for m in methods if (c := compare_to_frontier(group, m)) is not None]
         if not compared:
             continue

@@ -475,4 +475,8 @@ def test_frontier_comparison_places_methods_beyond_on_or_inside():
     outside = compare_to_frontier(records, "token-class:digits:0", resamples=100)
     assert outside["quality_gap"] is None and outside["verdict"] == "outside the sweep's acceptance range"
     assert compare_to_frontier(records, "diversed") is None
+    heads = [{**r, "method": "diversed", "head": head} for head, src in (("org/a", "lossy:0.5"), ("org/b", "lossy:0.9"))
+             for r in records if r["method"] == src]  # fmt: skip
+    assert compare_to_frontier(records + heads, "diversed@org/a")["quality_gap"] == pytest.approx(-30.0)
+    assert compare_to_frontier(records + heads, "diversed@org/b")["acceptance_gap"] == pytest.approx(-0.15)
     assert compare_to_frontier(_frontier_records("exact", 0.7, 0.6) + records[-100:], "token-class:digits:0") is None

@@ -21,7 +21,7 @@ from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
 from hf_diversed.trainer.curves import CURVES_FILE, load_history
 from hf_diversed.trainer.imitation import fit_head_to_weights, roc_auc
-from hf_diversed.trainer.rollout import collect_rollout, collect_rollouts
+from hf_diversed.trainer.rollout import collect_rollout, collect_rollouts, load_rollouts
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -358,7 +358,7 @@ def test_training_starts_from_a_head_fitted_to_a_rule(pair, tmp_path, monkeypatc
     rollouts = collect_rollouts(target, draft, DiversedHead.for_models(target, draft), [torch.tensor(i) for i in ids],
                                 max_new_tokens=16, temperature=1.0, num_assistant_tokens=4, seeds=range(6))  # fmt: skip
     torch.save(rollouts, tmp_path / "rollouts.pt")
-    loaded = imitate_rule.load_rollouts(tmp_path / "rollouts.pt")
+    loaded = load_rollouts(tmp_path / "rollouts.pt")
     rule = TokenClassEnsemble(frozenset(range(0, 128, 3)), 0.0)
     targets, groups = imitate_rule.rule_targets(rule, loaded)
     top_p, top_q = torch.cat([r.top_p for r in loaded]), torch.cat([r.top_q for r in loaded])
@@ -413,6 +413,23 @@ def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
     head = load_head(out, cache=False)
     assert head.config.target_hidden_size == 64 and head.config.target_model == str(tmp_path / "target")
     assert '"rule": "token-class:digits:0"' in capsys.readouterr().out
+
+    # the diagnostics: a fresh head is static (no spread, no correlation), the fitted one follows the rule
+    import analyze_head
+
+    DiversedHead.for_models(target, draft).save_pretrained(tmp_path / "fresh")
+    assert analyze_head.main([
+        "--rollouts_cache", str(tmp_path / "rollouts.pt"), "--heads", f"{tmp_path / 'fresh'},{out}",
+        "--rule", "token-class:digits:0", "--target", str(tmp_path / "target"), "--output", str(tmp_path / "a.json"),
+    ]) == 0  # fmt: skip
+    results = json.loads((tmp_path / "a.json").read_text())
+    fresh, fitted = results[str(tmp_path / "fresh")], results[str(out)]
+    assert fresh["mean_w"] == pytest.approx(0.5) and fresh["std_w"] == 0 and fresh["corr_w_tv"] is None
+    assert fresh["expected_acceptance"] == pytest.approx(fresh["expected_acceptance_static_same_mean_w"])
+    tv = torch.cat([r.tv for r in rollouts]).double()
+    assert fresh["expected_acceptance"] == pytest.approx(float((1 - 0.5 * tv).mean()))
+    assert fitted["std_w"] > 0 and "auc_w_for_rule" in fitted
+    assert "| head | mean_w |" in capsys.readouterr().out
 
 
 def test_reward_validation(pair, tmp_path):

@@ -25,6 +25,7 @@ from trl import TrlParser
 from hf_diversed.generation.verification import TokenClassEnsemble, parse_rule
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer.imitation import fit_head_to_weights
+from hf_diversed.trainer.rollout import load_rollouts
 
 
 @dataclass
@@ -39,14 +40,6 @@ class ImitationArguments:
     steps: int = field(default=400, metadata={"help": "AdamW steps."})
     learning_rate: float = field(default=1e-2, metadata={"help": "AdamW learning rate."})
     seed: int = field(default=0, metadata={"help": "Seed of the held-out split and the batches."})
-
-
-def load_rollouts(path: str | Path) -> list:
-    """Rollouts from a cache: a list of rollouts, or training/lr_sweep.py's blocks of (rows, rollouts, age)."""
-    data = torch.load(path, weights_only=False)
-    if data and isinstance(data[0], tuple):
-        return [r for _, batch, _ in data for r in batch]
-    return list(data)
 
 
 def rule_targets(rule: TokenClassEnsemble, rollouts: Sequence) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from ..generation.batched import SamplerConfig, SampleRequest, sample_batched
 from ..generation.stats import DiversedStats
 from ..modeling.modeling_diversed_head import DiversedHead
 
-__all__ = ["Rollout", "collect_rollout", "collect_rollouts"]
+__all__ = ["Rollout", "collect_rollout", "collect_rollouts", "load_rollouts"]
 
 
 @dataclass
@@ -161,3 +161,12 @@ def collect_rollouts(
                 top_q=trace.top_q,
             )
     return out
+
+
+def load_rollouts(path) -> list[Rollout]:
+    """Rollouts saved with ``torch.save``: a list of them, or ``training/lr_sweep.py``'s blocks of (rows, rollouts,
+    age). The file is unpickled: load only files you wrote."""
+    data = torch.load(path, weights_only=False)
+    if data and isinstance(data[0], tuple):
+        return [r for _, batch, _ in data for r in batch]
+    return list(data)

@@ -23,7 +23,12 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 
-__all__ = ["compare_to_frontier", "frontier_methods"]
+__all__ = ["compare_to_frontier", "frontier_methods", "method_label"]
+
+
+def method_label(record: dict) -> str:
+    """A record's method, with its head for ``diversed`` (``diversed@org/head-gsm8k``): heads are compared apart."""
+    return f"{record['method']}@{record['head']}" if record.get("head") else record["method"]
 
 
 def frontier_methods(methods: Sequence[str]) -> list[str]:
@@ -100,7 +105,8 @@ def _interval(values: list[float]) -> list[float] | None:
 def compare_to_frontier(
     records: Sequence[dict], method: str, *, resamples: int = 2000, seed: int = 0
 ) -> dict | None:  # fmt: skip
-    """``method`` against the frontier on the examples every frontier method and ``method`` share.
+    """``method`` (a :func:`method_label`) against the frontier on the examples every frontier method and ``method``
+    share.
 
     ``records``: sampler records of one task, temperature, N and max_new_tokens (``hf-diversed bench`` lines).
     Returns None when the frontier has fewer than two methods or they share no example with ``method``.
@@ -108,7 +114,7 @@ def compare_to_frontier(
     by_method: dict[str, dict[int, dict]] = defaultdict(dict)
     for r in records:
         if r.get("engine") == "sampler" and r.get("drafted") is not None and r.get("quality") is not None:
-            by_method[r["method"]][r["example_index"]] = r
+            by_method[method_label(r)][r["example_index"]] = r
     frontier = frontier_methods(sorted(by_method))
     if method not in by_method or len([m for m in frontier if m != method]) < 2:
         return None
