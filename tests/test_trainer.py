@@ -488,6 +488,21 @@ def test_cli_parses_recipe_with_overrides(recipe, monkeypatch):
     assert "train" in sys.modules
 
 
+def test_full_size_recipe_parses_and_validates(monkeypatch):
+    """The paper-budget GSM8K recipe: 800 rollouts, blocks of 8 steps, exact resume, held-out evaluation rows."""
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import train
+
+    from hf_diversed.evaluation.tasks import parse_split
+
+    config = train.parse_config(["--config", str(ROOT / "training" / "recipes" / "gsm8k-full.yaml")])
+    assert config.max_steps * config.num_prompts * config.num_generations == 800
+    assert config.max_train_prompts == 400 and config.save_steps % config.steps_per_generation == 0
+    assert config.steps_per_generation * config.num_prompts <= config.rollout_batch_size
+    split, rows = parse_split(config.eval_split)
+    assert split == "test" and rows.start >= 150 and rows.stop - rows.start == config.num_eval_prompts
+
+
 _DISTRIBUTED_SCRIPT = """
 import sys
 import datasets, torch
