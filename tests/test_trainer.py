@@ -310,11 +310,17 @@ def test_lr_sweep_moves_w_more_with_a_larger_rate(pair, tmp_path, monkeypatch):
     cache = tmp_path / "rollouts.pt"
     blocks = lr_sweep.draw_block(config, 3, target, draft, None, cache, **data)
     assert len(blocks) == 3 and all(len(batch) == 4 for _, batch, _ in blocks) and cache.is_file()
-    monkeypatch.setattr(lr_sweep, "DiversedTrainer", None)  # a cached block is loaded, not drawn again
+    # drawn two steps per sampler call, cached after each, resumed after the first: the same rollouts
+    chunked = tmp_path / "chunked.pt"
+    first = lr_sweep.draw_block(config, 2, target, draft, None, chunked, chunk_steps=2, **data)
+    assert len(first) == 2 and len(torch.load(chunked, weights_only=False)) == 2
+    resumed = lr_sweep.draw_block(config, 3, target, draft, None, chunked, chunk_steps=2, **data)
+    monkeypatch.setattr(lr_sweep, "DiversedTrainer", None)  # a complete cache is loaded, not drawn again
     again = lr_sweep.draw_block(config, 3, target, draft, None, cache, **data)
-    assert [r.completion_ids.tolist() for _, b, _ in again for r in b] == [
-        r.completion_ids.tolist() for _, b, _ in blocks for r in b
-    ]
+    for other in (again, resumed):
+        assert [r.completion_ids.tolist() for _, b, _ in other for r in b] == [
+            r.completion_ids.tolist() for _, b, _ in blocks for r in b
+        ]
     monkeypatch.undo()
     records = lr_sweep.sweep(config, [1e-1, 1e-3], blocks, target, draft, **data)
     assert [(r["learning_rate"], r["update"]) for r in records] == [(lr, u) for lr in (1e-1, 1e-3) for u in range(4)]

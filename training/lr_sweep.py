@@ -4,7 +4,8 @@
         --learning_rates 5e-4,1.5e-4,5e-5,1.5e-5 --sweep_steps 16 --sweep_dir docs/training/lr-sweep-gsm8k
 
 The first ``sweep_steps`` steps' rollouts are drawn once, by the untrained head (the recipe's prompts, seeds and
-``max_new_tokens``), and cached in ``--rollouts_cache``, so an interrupted sweep resumes without redrawing. For each
+``max_new_tokens``), and cached in ``--rollouts_cache`` (after every ``--draw_chunk_steps`` steps), so an
+interrupted sweep resumes without redrawing. For each
 learning rate a fresh head (same initialisation) then makes the recipe's first ``sweep_steps`` updates on exactly
 those rollouts, with the recipe's scheduler, PPO epochs, clipping and λ. After every update the sweep records the
 head's w on every drafted position of the block: its mean, its spread across positions (a per-token head spreads
@@ -39,6 +40,9 @@ class SweepArguments:
     rollouts_cache: str | None = field(
         default=None, metadata={"help": "File caching the drawn rollouts (default: <sweep_dir>/rollouts.pt)."}
     )
+    draw_chunk_steps: int | None = field(
+        default=None, metadata={"help": "Steps drawn per sampler call, cached after each (default: all at once)."}
+    )
 
     def rates(self) -> list[float]:
         try:
@@ -65,15 +69,36 @@ def _weights(trainer: DiversedTrainer, h_draft: torch.Tensor, h_target: torch.Te
         return head(draft_hidden_states=h_draft[None], target_hidden_states=h_target[None]).weight[0]
 
 
-def draw_block(config: DiversedTrainerConfig, steps: int, target, draft, tokenizer, cache: Path, **trainer_kwargs):
-    """The first ``steps`` steps' (rows, rollouts, age) of the recipe, drawn by the untrained head; cached."""
-    if cache.is_file():
-        return torch.load(cache, weights_only=False)
-    block_config = replace(config, steps_per_generation=steps, max_steps=steps, save_steps=0, num_eval_prompts=0)
+def draw_block(
+    config: DiversedTrainerConfig,
+    steps: int,
+    target,
+    draft,
+    tokenizer,
+    cache: Path,
+    chunk_steps: int | None = None,
+    **trainer_kwargs,
+):
+    """The first ``steps`` steps' (rows, rollouts, age) of the recipe, drawn by the untrained head.
+
+    Drawn ``chunk_steps`` steps per sampler call (default: all at once) and cached after each call, so an
+    interrupted draw resumes with the next chunk; rollout seeds depend on the step, not on the chunking."""
+    cache = Path(cache)
+    blocks = torch.load(cache, weights_only=False) if cache.is_file() else []
+    if len(blocks) >= steps:
+        return blocks[:steps]
+    chunk = chunk_steps or steps
+    block_config = replace(config, steps_per_generation=chunk, max_steps=steps, save_steps=0, num_eval_prompts=0)
     trainer = DiversedTrainer(block_config, target, draft, tokenizer=tokenizer, **trainer_kwargs)
-    blocks = [trainer._next_rollouts(), *trainer._pending]  # one sampler call drew every step's rollouts
     cache.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(blocks, cache)
+    while len(blocks) < steps:
+        trainer.step, trainer.data_position = len(blocks), len(blocks) * config.num_prompts
+        first = trainer._next_rollouts()  # one sampler call draws this chunk's steps
+        blocks += [first, *trainer._pending]
+        trainer._pending = []
+        partial = cache.with_suffix(".partial")
+        torch.save(blocks, partial)
+        partial.replace(cache)
     return blocks
 
 
@@ -183,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype))
     out_dir = Path(args.sweep_dir)
     cache = Path(args.rollouts_cache) if args.rollouts_cache else out_dir / "rollouts.pt"
-    blocks = draw_block(config, args.sweep_steps, target, draft, tokenizer, cache)
+    blocks = draw_block(config, args.sweep_steps, target, draft, tokenizer, cache, args.draw_chunk_steps)
     records = sweep(config, rates, blocks, target, draft, tokenizer)
     positions = sum(r.num_tokens for _, batch, _ in blocks for r in batch)
     rollouts = sum(len(batch) for _, batch, _ in blocks)
