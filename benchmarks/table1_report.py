@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 from hf_diversed import bench
+from hf_diversed.evaluation.bench.costs import _costs_key
 from hf_diversed.evaluation.bench.frontier import compare_to_frontier, frontier_methods, method_label
 from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
 from hf_diversed.evaluation.bench.runs import format_runs, load_runs
@@ -102,11 +104,40 @@ def frontier_section(records: list[dict]) -> list[str]:
     return lines
 
 
+def _costs(out_dir: Path) -> dict:
+    return json.loads((out_dir / "costs.json").read_text()) if (out_dir / "costs.json").is_file() else {}
+
+
+def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
+    """The real batch-1 loop's speed from a task's timing run (``<task>-timed``): its summary rows with a speedup,
+    by (temperature, method, N); a line saying how it was timed; its costs (measured in the same run)."""
+    records = bench.load_records(timed_dir / bench.RESULTS_FILE)
+    loop = [r for r in records if r.get("engine", "loop") == "loop"]
+    if not loop:
+        return {}, [], {}
+    previous = timed_dir / bench.SUMMARY_FILE
+    command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
+    costs = _costs(timed_dir)
+    summary = bench.summarize(records, timed_dir, command=command, costs=costs, runs=load_runs(timed_dir))
+    rows = {(r["temperature"], r["method"], r["N"]): r for r in summary["rows"] if r.get("speedup") is not None}
+    ar = next((r for r in summary["rows"] if r["method"] == "ar" and r.get("tokens_per_s")), None)
+    line = (
+        f"Real speed: the batch-1 loop on the first {max(r['n_timed'] for r in summary['rows'])} examples at "
+        f"{', '.join(sorted({str(r['max_new_tokens']) for r in loop}))} new tokens, every method in one run "
+        f"(`{timed_dir.relative_to(ROOT)}`: `{command}`)"
+        + (f"; the target alone ran at {ar['tokens_per_s']:.2f} tok/s" if ar else "")
+        + ". Where a speedup is below 1×, speculative decoding is slower than the target alone on this CPU; "
+        "the v = 1 columns show what it would reach with a verification as cheap as one decode step."
+    )
+    return rows, [line], costs
+
+
 def task_section(task: str, out_dir: Path) -> list[str]:
     records = bench.load_records(out_dir / bench.RESULTS_FILE)
     if not records:
         return [f"## {task}", "", "No records yet.", ""]
-    costs = json.loads((out_dir / "costs.json").read_text()) if (out_dir / "costs.json").is_file() else {}
+    timed, timed_lines, timed_costs = timed_section(out_dir.parent / f"{task}-timed")
+    costs = {**_costs(out_dir), **timed_costs}  # c and v measured beside the real timing, where there is one
     previous = out_dir / bench.SUMMARY_FILE
     command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
     summary = bench.summarize(records, out_dir, command=command, costs=costs, runs=load_runs(out_dir))
@@ -128,9 +159,9 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     for r in rows:
         tau = _model(r.get("tau_speedup"), r.get("tau_speedup_v1"))
         iid = _model(r.get("analytic_speedup"), r.get("analytic_speedup_v1"))
-        real = "-" if r.get("speedup") is None else f"{r['speedup']:.2f}× ({r.get('n_timed')})"
-        timed = r.get("speedup") is not None and r.get("tau_speedup")
-        ratio = f"{r['speedup'] / r['tau_speedup']:.2f}" if timed else "-"
+        t = timed.get((r["temperature"], r["method"], r["N"])) or (r if r.get("speedup") is not None else None)
+        real = "-" if t is None else f"{t['speedup']:.2f}× ({t.get('n_timed')})"
+        ratio = f"{t['speedup'] / r['tau_speedup']:.2f}" if t is not None and r.get("tau_speedup") else "-"
         lines.append(
             f"| {r['temperature']:g} | {r['method']} | {_num(r['N'], 'd')} | {r['n']} | {format_quality(r)} | "
             f"{format_paired_diff(r)} | "
@@ -138,11 +169,14 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             f"{_num(r['mean_accepted_per_round'])} | {_num(r['mean_weight'])} | {100 * r['truncated_rate']:.0f}% | "
             f"{tau} | {iid} | {real} | {ratio} |"
         )
-    cost = next(iter(costs.values()), None)
+    first = records[0]
+    key = _costs_key(first["target"], first.get("draft") or first["target"], first["dtype"])
+    cost = costs.get(key)
     if cost:
         lines += [
             "",
-            f"Costs measured in the run: target {cost['target_seconds_per_token']:.3f} s/token, draft "
+            f"Costs measured {'beside the real timing' if key in timed_costs else 'in the run'}: target "
+            f"{cost['target_seconds_per_token']:.3f} s/token, draft "
             f"{cost['draft_seconds_per_token']:.3f} s/token (c = {cost['c']:.3f}), v = "
             + ", ".join(f"{v:.2f} (N = {n})" for n, v in (cost.get("v") or {}).items() if v)
             + ". τ model: speedup = τ / (N·c + v) from the measured tokens per round τ (in parentheses v = 1, a "
@@ -150,10 +184,13 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             "acceptance α, which under-predicts because acceptance is bursty. Real speedup: tokens/s of the real "
             "batch-1 loop over the target alone's on the timed examples (`-` where none were timed yet).",
         ]
+    if timed_lines:
+        lines += ["", *timed_lines]
     if summary.get("runs"):
         lines += ["", *format_runs(summary["runs"])]
     lines += frontier_section(records)
-    lines += ["", f"![quality vs acceptance]({out_dir.relative_to(ROOT / 'docs')}/{bench.PLOT_ACCEPTANCE_FILE})", ""]
+    plot = os.path.relpath(out_dir / bench.PLOT_ACCEPTANCE_FILE, ROOT / "docs")  # results.md lives in docs/
+    lines += ["", f"![quality vs acceptance]({plot})", ""]
     if task in PAPER:
         sd, ours, quality = PAPER[task]
         exact = next((r for r in rows if r["method"] == "exact" and r["temperature"] == 1.0), None)
@@ -175,7 +212,7 @@ def main() -> None:
     parser.add_argument("--root", default=str(ROOT / "docs" / "table1"))
     parser.add_argument("--output", default=str(ROOT / "docs" / "results.md"))
     args = parser.parse_args()
-    root = Path(args.root)
+    root = Path(args.root).resolve()
     lines = [
         "# Results on the real pair: the paper's Table 1 (in progress)",
         "",
