@@ -113,6 +113,7 @@ def test_rollout_trace_matches_head(pair):
 
 def _assert_same_rollout(real, batched, what: str, unseen_draft_eos: bool = False) -> None:
     assert torch.equal(real.completion_ids, batched.completion_ids), f"{what}: tokens differ"
+    assert real.finish_reason == batched.finish_reason, f"{what}: {real.finish_reason} vs {batched.finish_reason}"
     assert real.stats.accepted_per_round == batched.stats.accepted_per_round, f"{what}: accepted per round differ"
     for name in ("num_accepted", "num_rounds", "num_verified"):
         assert getattr(real.stats, name) == getattr(batched.stats, name), f"{what}: {name} differs"
@@ -156,12 +157,15 @@ def test_collect_rollouts_match_collect_rollout_greedy(pair):
             real = collect_rollout(target, draft, head, prompt, eos_token_id=eos, pad_token_id=eos, **settings)
             _assert_same_rollout(real, rollout, f"eos {eos}, prompt {i}", unseen_draft_eos=eos != EOS)
             assert 0 < rollout.num_tokens <= rollout.stats.num_verified
+            ended = int(rollout.completion_ids[-1]) == eos
+            assert rollout.cut == (not ended) and (ended or len(rollout.completion_ids) == settings["max_new_tokens"])
         return batched
 
     first = check(EOS)
     early = int(first[1].completion_ids[2])  # as EOS, prompt 1's rollout (at least) ends on it, early
     assert early != EOS
     second = check(early)
+    assert not second[1].cut and second[1].finish_reason == "eos"
     tokens = first[1].completion_ids.tolist()
     assert second[1].completion_ids.tolist() == tokens[: tokens.index(early) + 1]
 
@@ -219,6 +223,7 @@ def test_acceptance_regularizer_alone_raises_acceptance(pair, tmp_path):
     trained, untrained = trainer.eval_metrics["trained"], trainer.eval_metrics["untrained"]
     assert trained["mean_w"] < untrained["mean_w"]
     assert trained["acceptance_rate"] > untrained["acceptance_rate"]
+    assert all(0.0 <= m["cut_fraction"] <= 1.0 for m in (trained, untrained, *trainer.history))
     assert list((Path(config.output_dir) / "runs").glob("events.out.tfevents.*"))
 
 

@@ -400,6 +400,7 @@ class DiversedTrainer:
                 float(task_rewards.sum()),
                 float(len(rollouts)),
                 float(kl_per_seq.sum()),
+                float(sum(r.cut for r in rollouts)),
             ],
             dtype=torch.float64,
         )
@@ -415,12 +416,14 @@ class DiversedTrainer:
             "lr": lr,
             "reward_std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
             "rollout_age": float(age),
+            "cut_fraction": totals[8].item() / n,
             **{k: v for k, v in parts.items() if k != "wtv"},
         }
 
     # ----------------------------------------------------------- evaluation
     def evaluate(self, head: DiversedHead | None = None) -> dict[str, float]:
-        """Reward, acceptance and mean w of ``head`` (default: the current head) on the eval prompts.
+        """Reward, acceptance, mean w and share of rollouts cut at ``max_new_tokens`` (``cut_fraction``) of ``head``
+        (default: the current head) on the eval prompts.
 
         Each eval prompt's rollout has its own seed (from ``config.seed`` and the prompt's index), so different
         heads are compared on the same draws (paired) and training's random stream is untouched.
@@ -450,6 +453,7 @@ class DiversedTrainer:
                 sum(r.stats.weight_sum for r in rollouts),
                 sum(r.stats.num_verified for r in rollouts),
                 sum(r.stats.num_rounds for r in rollouts),
+                float(sum(r.cut for r in rollouts)),
             ],
             dtype=torch.float64,
         )
@@ -459,6 +463,7 @@ class DiversedTrainer:
             "acceptance_rate": t[3] / max(t[2], 1.0),
             "mean_w": t[4] / max(t[5], 1.0),
             "tokens_per_round": (t[3] + t[6]) / max(t[6], 1.0),
+            "cut_fraction": t[7] / max(t[1], 1.0),
         }
 
     # ----------------------------------------------------------- checkpoints

@@ -22,6 +22,7 @@ class Rollout:
 
     Shapes: ``completion_ids`` (L,), ``h_draft`` (T, D_draft), ``h_target`` (T, D_target), ``p_y``, ``q_y``,
     ``tv``, ``w_old`` (T,), float32; ``top_p``, ``top_q`` (T,) both models' most likely tokens, int64; on CPU.
+    ``finish_reason``: "eos" (the sequence ended on its own) or "length" (cut at ``max_new_tokens``).
     """
 
     completion_ids: torch.Tensor
@@ -34,10 +35,16 @@ class Rollout:
     stats: DiversedStats
     top_p: torch.Tensor | None = None
     top_q: torch.Tensor | None = None
+    finish_reason: str | None = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.p_y.shape[0])
+
+    @property
+    def cut(self) -> bool:
+        """True when the sequence was cut at ``max_new_tokens`` rather than ending on an EOS."""
+        return self.finish_reason == "length"
 
 
 def collect_rollout(
@@ -77,6 +84,9 @@ def collect_rollout(
     with torch.no_grad():
         out = target.generate(input_ids, assistant_model=draft, diversed_head=head, _diversed_trace=trace, **kwargs)
     completion = out.sequences[0, input_ids.shape[1] :].detach().cpu()
+    eos = kwargs.get("eos_token_id", target.generation_config.eos_token_id)
+    eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+    ended = completion.numel() > 0 and int(completion[-1]) in eos
     dt, dd = head.config.target_hidden_size, head.config.draft_hidden_size
 
     def cat(key: str, width: int | None = None) -> torch.Tensor:
@@ -96,6 +106,7 @@ def collect_rollout(
         stats=out.diversed_stats,
         top_p=torch.cat([e["top_p"] for e in trace]) if trace else torch.zeros(0, dtype=torch.long),
         top_q=torch.cat([e["top_q"] for e in trace]) if trace else torch.zeros(0, dtype=torch.long),
+        finish_reason="eos" if ended else "length",
     )
 
 
@@ -159,6 +170,7 @@ def collect_rollouts(
                 stats=result.stats,
                 top_p=trace.top_p,
                 top_q=trace.top_q,
+                finish_reason=result.finish_reason,
             )
     return out
 
