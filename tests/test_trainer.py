@@ -499,19 +499,28 @@ def test_cli_parses_recipe_with_overrides(recipe, monkeypatch):
     assert "train" in sys.modules
 
 
-def test_full_size_recipe_parses_and_validates(monkeypatch):
-    """The paper-budget GSM8K recipe: 800 rollouts, blocks of 8 steps, exact resume, held-out evaluation rows."""
+@pytest.mark.parametrize("recipe_name", ["gsm8k-full", "mbpp-full", "cnndm-full"])
+def test_full_size_recipe_parses_and_validates(recipe_name, monkeypatch):
+    """The paper-budget recipes: 800 rollouts, blocks of 8 steps, exact resume, evaluation rows never trained on
+    (and, for GSM8K, outside Table 1's test rows 0-149)."""
     monkeypatch.syspath_prepend(str(ROOT / "training"))
     import train
 
-    from hf_diversed.evaluation.tasks import parse_split
+    from hf_diversed.evaluation.tasks import get_task, parse_split
 
-    config = train.parse_config(["--config", str(ROOT / "training" / "recipes" / "gsm8k-full.yaml")])
+    config = train.parse_config(["--config", str(ROOT / "training" / "recipes" / f"{recipe_name}.yaml")])
     assert config.max_steps * config.num_prompts * config.num_generations == 800
-    assert config.max_train_prompts == 400 and config.save_steps % config.steps_per_generation == 0
+    assert config.save_steps % config.steps_per_generation == 0
     assert config.steps_per_generation * config.num_prompts <= config.rollout_batch_size
-    split, rows = parse_split(config.eval_split)
-    assert split == "test" and rows.start >= 150 and rows.stop - rows.start == config.num_eval_prompts
+    train_split, train_rows = parse_split(config.train_split)
+    eval_split, eval_rows = parse_split(config.eval_split)
+    size = len(get_task(config.task).load(eval_split))
+    eval_ids = set(range(size)[eval_rows])
+    assert len(eval_ids) == config.num_eval_prompts
+    if train_split == eval_split:
+        assert not eval_ids & set(range(size)[train_rows])
+    if config.task == "gsm8k":
+        assert config.max_train_prompts == 400 and min(eval_ids) >= 150
 
 
 _DISTRIBUTED_SCRIPT = """
