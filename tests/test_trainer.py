@@ -304,6 +304,47 @@ def test_steps_per_generation_draws_a_block_with_one_head(pair, tmp_path):
     assert _same(_params(resumed.accelerator.unwrap_model(resumed.head)), _params(blocked.head))
 
 
+def test_evaluation_at_a_block_boundary_shares_the_blocks_sampler_call(pair, tmp_path):
+    """With eval_steps a multiple of K, each evaluation and the next block's rollouts are drawn in one sampler call;
+    training sees the same rollouts as a run without evaluations, and the evaluations are those of the heads."""
+    target, draft = pair
+
+    def make(out, **extra):
+        config = _config(tmp_path / out, max_steps=4, acceptance_coef=0.5, steps_per_generation=2, **extra)
+        trainer = DiversedTrainer(
+            config, target, draft, train_dataset=_dataset(6), eval_dataset=_dataset(3, seed=5),
+            reward_funcs=[_trust_draft_reward(target, draft)],
+        )  # fmt: skip
+        calls = []
+        real_draw = trainer._draw
+
+        def draw(parts):
+            calls.append([sorted({key[0] if key[0] == "eval" else key[1] for key in keys}) for _, _, _, keys in parts])
+            return real_draw(parts)
+
+        trainer._draw = draw
+        return trainer, calls
+
+    merged, calls = make("merged", eval_steps=2, num_eval_prompts=3)
+    merged.train()
+    # step 0: untrained evaluation + block (steps 0, 1); step 2: evaluation + block (2, 3); the final evaluation
+    assert calls == [[["eval"], [0, 1]], [["eval"], [2, 3]], [["eval"]]]
+    alone, alone_calls = make("alone", num_eval_prompts=0)
+    alone.train()
+    assert alone_calls == [[[0, 1]], [[2, 3]]]
+    for a, b in zip(merged.history, alone.history, strict=True):  # same tokens; features up to float rounding
+        assert all(a[k] == b[k] for k in ("acceptance_rate", "cut_fraction"))
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    head_merged = merged.accelerator.unwrap_model(merged.head)
+    head_alone = alone.accelerator.unwrap_model(alone.head)
+    for k, v in _params(head_merged).items():
+        torch.testing.assert_close(v, _params(head_alone)[k], atol=1e-6, rtol=1e-5)
+    # the evaluation drawn beside a block equals one drawn alone, for the untrained and the trained head
+    assert merged.untrained_eval == merged.evaluate(merged.ref_head)
+    assert merged.eval_metrics["trained"] == merged.evaluate(head_merged)
+    assert merged.eval_metrics["untrained"] == merged.untrained_eval
+
+
 def test_lr_sweep_moves_w_more_with_a_larger_rate(pair, tmp_path, monkeypatch):
     """training/lr_sweep.py: one cached block of rollouts, the same first updates at each rate."""
     monkeypatch.syspath_prepend(str(ROOT / "training"))
@@ -511,6 +552,7 @@ def test_full_size_recipe_parses_and_validates(recipe_name, monkeypatch):
     config = train.parse_config(["--config", str(ROOT / "training" / "recipes" / f"{recipe_name}.yaml")])
     assert config.max_steps * config.num_prompts * config.num_generations == 800
     assert config.save_steps % config.steps_per_generation == 0
+    assert config.eval_steps % config.steps_per_generation == 0  # evaluations share the next block's sampler call
     assert config.steps_per_generation * config.num_prompts <= config.rollout_batch_size
     train_split, train_rows = parse_split(config.train_split)
     eval_split, eval_rows = parse_split(config.eval_split)

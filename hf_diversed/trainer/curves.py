@@ -13,14 +13,18 @@ _PANELS = (("reward", "task reward"), ("acceptance_rate", "acceptance (accepted 
 
 
 def load_history(path: str | os.PathLike) -> list[dict]:
-    """The lines of a ``log_history.jsonl`` (a torn last line of a killed run is skipped)."""
-    lines = []
+    """The lines of a ``log_history.jsonl``, one per (step, split): a run resumed from a checkpoint logs again the
+    steps done after it, and the later line wins. A torn last line of a killed run is skipped."""
+    lines: dict[tuple, dict] = {}
     for text in Path(path).read_text(encoding="utf-8").splitlines():
         try:
-            lines.append(json.loads(text))
+            line = json.loads(text)
         except json.JSONDecodeError:
             continue
-    return lines
+        key = (line.get("step"), line.get("split"))
+        lines.pop(key, None)  # keep the order of the last write
+        lines[key] = line
+    return list(lines.values())
 
 
 def plot_learning_curves(history: str | os.PathLike | list[dict], path: str | os.PathLike) -> Path | None:

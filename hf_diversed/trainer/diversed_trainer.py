@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -67,6 +68,17 @@ def diversed_policy_loss(
         "wtv": float(regularizer.detach()),
         "clip_frac": float(clip_frac),
     }
+
+
+@contextlib.contextmanager
+def _eval_mode(module: torch.nn.Module):
+    """``module`` in eval mode inside the block, its previous mode restored after."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 def _fingerprint(model: torch.nn.Module) -> list[tuple[str, float, float]]:
@@ -282,17 +294,25 @@ class DiversedTrainer:
     def _rollouts(self, head, rows: list[dict], generations: int, keys: list[tuple]) -> list[Rollout]:
         """``generations`` rollouts per row (row-major), drawn by the batched sampler; rollout g of row i draws
         from its own generator seeded with ``_rollout_seed(*keys[i], g)``."""
+        return self._draw([(head, rows, generations, keys)])[0]
+
+    def _draw(self, parts: list[tuple[DiversedHead, list[dict], int, list[tuple]]]) -> list[list[Rollout]]:
+        """Several (head, rows, generations, keys) parts in one sampler call, so they fill its batch together;
+        returns each part's rollouts. A rollout depends on its prompt, seed and head only, not on its batch."""
         cfg = self.config
-        prompts, seeds = [], []
-        for row, key in zip(rows, keys, strict=True):
-            ids = self._prompt_ids(row)
-            for g in range(generations):
-                prompts.append(ids)
-                seeds.append(self._rollout_seed(*key, g))
-        return collect_rollouts(
+        prompts, seeds, heads, sizes = [], [], [], []
+        for head, rows, generations, keys in parts:
+            for row, key in zip(rows, keys, strict=True):
+                ids = self._prompt_ids(row)
+                for g in range(generations):
+                    prompts.append(ids)
+                    seeds.append(self._rollout_seed(*key, g))
+                    heads.append(head)
+            sizes.append(len(rows) * generations)
+        rollouts = collect_rollouts(
             self.target,
             self.draft,
-            head,
+            heads,
             prompts,
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
@@ -300,6 +320,11 @@ class DiversedTrainer:
             seeds=seeds,
             batch_size=cfg.rollout_batch_size,
         )
+        out, start = [], 0
+        for size in sizes:
+            out.append(rollouts[start : start + size])
+            start += size
+        return out
 
     def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         from accelerate.utils import gather
@@ -320,30 +345,37 @@ class DiversedTrainer:
         """This step's prompts, rollouts and their age (steps since the head that drew them).
 
         At the first step of a block of ``steps_per_generation`` steps, the rollouts of every step of the block are
-        drawn in one sampler call with the current head; the block's later steps take theirs from it. Seeds are
-        keyed by (step, index in the step's global batch), so a block's first step draws what an on-policy run
-        draws, and a run resumed at a block boundary redraws exactly the same rollouts."""
-        cfg = self.config
+        drawn in one sampler call with the current head (unless an evaluation drew them already, see
+        :meth:`evaluate`); the block's later steps take theirs from it. Seeds are keyed by (step, index in the
+        step's global batch), so a block's first step draws what an on-policy run draws, and a run resumed at a
+        block boundary redraws exactly the same rollouts."""
         if not self._pending:
-            steps = min(cfg.steps_per_generation, cfg.max_steps - self.step)
-            blocks, rows_all, keys_all = [], [], []
-            for j in range(steps):
-                rows = [self.train_dataset[i] for i in self._step_rows(self.data_position + j * cfg.num_prompts)]
-                first = self.accelerator.process_index * len(rows)
-                rows_all += rows
-                keys_all += [("train", self.step + j, first + k) for k in range(len(rows))]
-                blocks.append(rows)
+            blocks, rows, keys = self._block_rows()
             head = self.accelerator.unwrap_model(self.head)
-            head.eval()
-            with torch.no_grad():
-                rollouts = self._rollouts(head, rows_all, cfg.num_generations, keys_all)
-            head.train()
-            start = 0
-            for age, rows in enumerate(blocks):
-                count = len(rows) * cfg.num_generations
-                self._pending.append((rows, rollouts[start : start + count], age))
-                start += count
+            with _eval_mode(head), torch.no_grad():
+                rollouts = self._rollouts(head, rows, self.config.num_generations, keys)
+            self._stash_block(blocks, rollouts)
         return self._pending.pop(0)
+
+    def _block_rows(self) -> tuple[list[list[dict]], list[dict], list[tuple]]:
+        """The rows of each step of the next block, all of them in order, and their seed keys."""
+        cfg = self.config
+        steps = min(cfg.steps_per_generation, cfg.max_steps - self.step)
+        blocks, rows_all, keys_all = [], [], []
+        for j in range(steps):
+            rows = [self.train_dataset[i] for i in self._step_rows(self.data_position + j * cfg.num_prompts)]
+            first = self.accelerator.process_index * len(rows)
+            rows_all += rows
+            keys_all += [("train", self.step + j, first + k) for k in range(len(rows))]
+            blocks.append(rows)
+        return blocks, rows_all, keys_all
+
+    def _stash_block(self, blocks: list[list[dict]], rollouts: list[Rollout]) -> None:
+        start = 0
+        for age, rows in enumerate(blocks):
+            count = len(rows) * self.config.num_generations
+            self._pending.append((rows, rollouts[start : start + count], age))
+            start += count
 
     def training_step(self) -> dict[str, float]:
         cfg = self.config
@@ -421,26 +453,34 @@ class DiversedTrainer:
         }
 
     # ----------------------------------------------------------- evaluation
-    def evaluate(self, head: DiversedHead | None = None) -> dict[str, float]:
+    def evaluate(self, head: DiversedHead | None = None, draw_next_block: bool = False) -> dict[str, float]:
         """Reward, acceptance, mean w and share of rollouts cut at ``max_new_tokens`` (``cut_fraction``) of ``head``
         (default: the current head) on the eval prompts.
 
         Each eval prompt's rollout has its own seed (from ``config.seed`` and the prompt's index), so different
-        heads are compared on the same draws (paired) and training's random stream is untouched.
+        heads are compared on the same draws (paired) and training's random stream is untouched. With
+        ``draw_next_block`` at a block boundary, the next block's training rollouts (current head) are drawn in
+        the same sampler call: the evaluation's rows then fill the batch instead of running it alone.
         """
         cfg = self.config
         if self.eval_dataset is None or cfg.num_eval_prompts == 0:
             return {}
-        head = head if head is not None else self.accelerator.unwrap_model(self.head)
+        current = self.accelerator.unwrap_model(self.head)
+        head = head if head is not None else current
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         n = min(cfg.num_eval_prompts, len(self.eval_dataset))
         indices = list(range(rank, n, world))
         rows = [self.eval_dataset[i] for i in indices]
-        was_training = head.training
-        head.eval()
-        with torch.no_grad():
-            rollouts = self._rollouts(head, rows, 1, [("eval", i) for i in indices])
-        head.train(was_training)
+        parts = [(head, rows, 1, [("eval", i) for i in indices])]
+        block = None
+        if draw_next_block and not self._pending and self.step < cfg.max_steps:
+            block = self._block_rows()
+            parts.append((current, block[1], cfg.num_generations, block[2]))
+        with _eval_mode(head), _eval_mode(current), torch.no_grad():
+            drawn = self._draw(parts)
+        rollouts = drawn[0]
+        if block is not None:
+            self._stash_block(block[0], drawn[1])
         rewards = self._rewards(rows, rollouts) if rollouts else torch.zeros(0)
         from accelerate.utils import gather
 
@@ -550,7 +590,7 @@ class DiversedTrainer:
             random.seed(cfg.seed + self.accelerator.process_index)
         if cfg.num_eval_prompts and cfg.eval_steps and self.step == 0 and self.untrained_eval is None:
             # the curve's first point; its values are also the final "untrained" row (same prompts and seeds)
-            self.untrained_eval = self.evaluate(self.ref_head)
+            self.untrained_eval = self.evaluate(self.ref_head, draw_next_block=True)
             self._log(self.untrained_eval, prefix="eval")
         bar = tqdm(
             total=cfg.max_steps,
@@ -568,7 +608,7 @@ class DiversedTrainer:
                 reward=f"{metrics['reward']:.3f}", acc=f"{metrics['acceptance_rate']:.3f}", w=f"{metrics['mean_w']:.3f}"
             )
             if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < cfg.max_steps:
-                self._log(self.evaluate(), prefix="eval")
+                self._log(self.evaluate(draw_next_block=True), prefix="eval")
             if cfg.save_steps and self.step % cfg.save_steps == 0:
                 self.save_checkpoint()
         bar.close()

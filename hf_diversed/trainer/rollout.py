@@ -113,7 +113,7 @@ def collect_rollout(
 def collect_rollouts(
     target,
     draft,
-    head: DiversedHead,
+    head: DiversedHead | Sequence[DiversedHead],
     prompts: Sequence[torch.Tensor],
     *,
     max_new_tokens: int,
@@ -131,12 +131,16 @@ def collect_rollouts(
     token ids without padding, (1, L) or (L,) each; repeat a prompt for several generations (they share one
     prefill). ``seeds`` gives each rollout its own generator: a rollout depends on its prompt, seed and head
     only, not on the batch it fell in nor on the global random state. ``temperature`` 0 decodes greedily.
-    ``eos_token_id`` defaults to the target's generation config, as ``generate``. Returned in prompt order.
+    ``eos_token_id`` defaults to the target's generation config, as ``generate``. ``head`` is one head for every
+    prompt or one per prompt (rollouts of several heads then share the batch). Returned in prompt order.
     The draft's ``generation_config.assistant_confidence_threshold`` must be 0 (the sampler raises otherwise).
     """
     prompts, seeds = list(prompts), [int(s) for s in seeds]
     if len(seeds) != len(prompts):
         raise ValueError(f"collect_rollouts needs one seed per prompt, got {len(seeds)} for {len(prompts)} prompts.")
+    heads = list(head) if isinstance(head, Sequence) else [head] * len(prompts)
+    if len(heads) != len(prompts):
+        raise ValueError(f"collect_rollouts needs one head, or one per prompt; got {len(heads)} for {len(prompts)}.")
     if eos_token_id is None:
         eos_token_id = target.generation_config.eos_token_id
     if isinstance(eos_token_id, Sequence):
@@ -152,8 +156,8 @@ def collect_rollouts(
         eos_token_id=eos_token_id,
     )
     requests = [
-        SampleRequest(prompt_ids=torch.as_tensor(ids).reshape(-1), rule="diversed", head=head, seed=seed)
-        for ids, seed in zip(prompts, seeds, strict=True)
+        SampleRequest(prompt_ids=torch.as_tensor(ids).reshape(-1), rule="diversed", head=h, seed=seed)
+        for ids, seed, h in zip(prompts, seeds, heads, strict=True)
     ]
     out: list[Rollout | None] = [None] * len(requests)
     with torch.no_grad():
