@@ -23,7 +23,12 @@ from pathlib import Path
 
 from hf_diversed import bench
 from hf_diversed.evaluation.bench.costs import _costs_key
-from hf_diversed.evaluation.bench.frontier import compare_to_frontier, frontier_methods, method_label
+from hf_diversed.evaluation.bench.frontier import (
+    compare_to_baseline,
+    compare_to_frontier,
+    frontier_methods,
+    method_label,
+)
 from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
 from hf_diversed.evaluation.bench.runs import format_runs, load_runs
 
@@ -101,6 +106,38 @@ def frontier_section(records: list[dict]) -> list[str]:
             "method's quality. Verdict from the Δ quality interval (beyond: above 0; inside: below 0; on it: "
             "contains 0). `-`: outside the sweep's range (no static point reaches that acceptance or quality).",
         ]
+    return lines
+
+
+def baseline_section(records: list[dict]) -> list[str]:
+    """Every learned head (``diversed@...``) against each hand-made token-class rule run beside it, paired."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("engine") == "sampler":
+            groups.setdefault((r["temperature"], r["N"], r["max_new_tokens"]), []).append(r)
+    lines = []
+    for (temperature, n, length), group in sorted(groups.items()):
+        labels = sorted({method_label(r) for r in group})
+        heads = [m for m in labels if m.startswith("diversed")]
+        rules = [m for m in labels if m.startswith("token-class:")]
+        compared = [c for h in heads for b in rules if (c := compare_to_baseline(group, h, b)) is not None]
+        if not compared:
+            continue
+        lines += [
+            "",
+            f"Learned heads against the hand-made token-class rules (T = {temperature:g}, N = {n}, {length} tokens): "
+            "head minus rule on the examples both have, paired bootstrap intervals (2,000 resamples).",
+            "",
+            "| head | rule | n | head acceptance | rule acceptance | Δ acceptance (points) | head quality | "
+            "rule quality | Δ quality |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in compared:
+            lines.append(
+                f"| {c['method']} | {c['baseline']} | {c['n']} | {_pct(c['acceptance'])} | "
+                f"{_pct(c['baseline_acceptance'])} | {_gap(c['acceptance_gap'], c['acceptance_gap_ci'], 1.0, '.1f', 100)} | "
+                f"{c['quality']:.1f} | {c['baseline_quality']:.1f} | {_gap(c['quality_gap'], c['quality_gap_ci'], 1.0, '.1f')} |"
+            )
     return lines
 
 
@@ -189,6 +226,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     if summary.get("runs"):
         lines += ["", *format_runs(summary["runs"])]
     lines += frontier_section(records)
+    lines += baseline_section(records)
     plot = os.path.relpath(out_dir / bench.PLOT_ACCEPTANCE_FILE, ROOT / "docs")  # results.md lives in docs/
     lines += ["", f"![quality vs acceptance]({plot})", ""]
     if task in PAPER:

@@ -480,3 +480,35 @@ def test_frontier_comparison_places_methods_beyond_on_or_inside():
     assert compare_to_frontier(records + heads, "diversed@org/a")["quality_gap"] == pytest.approx(-30.0)
     assert compare_to_frontier(records + heads, "diversed@org/b")["acceptance_gap"] == pytest.approx(-0.15)
     assert compare_to_frontier(_frontier_records("exact", 0.7, 0.6) + records[-100:], "token-class:digits:0") is None
+
+
+def test_baseline_comparison_is_paired_with_intervals():
+    """A head against the token-class rule: head minus rule in quality and pooled acceptance, paired bootstrap."""
+    from hf_diversed.evaluation.bench.frontier import compare_to_baseline
+
+    rule = _frontier_records("token-class:digits:0", 0.98, 0.30)
+    head = [{**r, "method": "diversed", "head": "org/h"} for r in _frontier_records("x", 0.90, 0.50)]
+    c = compare_to_baseline(rule + head, "diversed@org/h", "token-class:digits:0", resamples=400)
+    assert c["n"] == 100 and c["quality"] == pytest.approx(50.0) and c["baseline_quality"] == pytest.approx(30.0)
+    assert c["quality_gap"] == pytest.approx(20.0) and c["acceptance_gap"] == pytest.approx(-0.08)
+    assert c["quality_gap_ci"][0] > 0 and c["acceptance_gap_ci"][1] < 0  # both differences are clear at n = 100
+    same = compare_to_baseline(rule + rule, "token-class:digits:0", "token-class:digits:0", resamples=100)
+    assert same["quality_gap"] == 0 and same["quality_gap_ci"] == [0, 0]
+    assert compare_to_baseline(rule, "diversed@org/h", "token-class:digits:0") is None
+    shifted = [{**r, "example_index": r["example_index"] + 100} for r in head]  # no shared example
+    assert compare_to_baseline(rule + shifted, "diversed@org/h", "token-class:digits:0") is None
+
+
+def test_table1_report_sets_each_head_beside_each_token_class_rule(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import table1_report
+
+    rules = _frontier_records("token-class:digits:0", 0.98, 0.30) + _frontier_records("token-class:digits:0.3", 0.9, 0.4)
+    heads = [{**r, "method": "diversed", "head": h} for h in ("a", "b") for r in _frontier_records("x", 0.9, 0.5)]
+    records = [{**r, "temperature": 1.0, "N": 5, "max_new_tokens": 512} for r in rules + heads]
+    rows = [line for line in table1_report.baseline_section(records) if line.startswith("| diversed@")]
+    assert [row.split(" | ")[:2] for row in rows] == [
+        ["| diversed@a", "token-class:digits:0"], ["| diversed@a", "token-class:digits:0.3"],
+        ["| diversed@b", "token-class:digits:0"], ["| diversed@b", "token-class:digits:0.3"],
+    ]  # fmt: skip
+    assert table1_report.baseline_section(records[: len(rules)]) == []  # no head

@@ -26,7 +26,7 @@ Programmatic use::
 
 One module per stage: ``config`` (options, methods, output files, errors), ``plan`` (record keys, the plan,
 the results file), ``runner`` (the models, the sampler and the timed loop), ``costs`` (per-token costs, speed
-models), ``frontier`` (a method against the static sweep), ``runs`` (the run log), ``summary`` (pooled rows,
+models), ``frontier`` (a method against the static sweep and a baseline), ``runs`` (the run log), ``summary`` (pooled rows,
 intervals), ``report`` (summary.json, results.md, plots), ``cli``.
 """
 
@@ -59,6 +59,7 @@ from .costs import (
     tau_speedup,
 )
 from .frontier import (
+    compare_to_baseline,
     compare_to_frontier,
 )
 from .plan import (
@@ -110,6 +111,7 @@ __all__ = [
     "add_arguments",
     "analytic_speedup",
     "bootstrap_interval",
+    "compare_to_baseline",
     "compare_to_frontier",
     "config_from_args",
     "expand_methods",

@@ -15,6 +15,9 @@ acceptance.
 Intervals resample the examples (the same draw for every method, so the comparison stays paired) and recompute
 every point. The verdict reads Δq's interval: beyond the frontier when it lies above 0, inside when below, on it
 otherwise.
+
+:func:`compare_to_baseline` compares two methods directly on the examples they share (a learned head against the
+hand-made token-class rule): the paired differences in quality and in acceptance, with the same intervals.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 
-__all__ = ["compare_to_frontier", "frontier_methods", "method_label"]
+__all__ = ["compare_to_baseline", "compare_to_frontier", "frontier_methods", "method_label"]
 
 
 def method_label(record: dict) -> str:
@@ -102,6 +105,53 @@ def _interval(values: list[float]) -> list[float] | None:
     return [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]]
 
 
+def _by_method(records: Sequence[dict]) -> dict[str, dict[int, dict]]:
+    by_method: dict[str, dict[int, dict]] = defaultdict(dict)
+    for r in records:
+        if r.get("engine") == "sampler" and r.get("drafted") is not None and r.get("quality") is not None:
+            by_method[method_label(r)][r["example_index"]] = r
+    return by_method
+
+
+def compare_to_baseline(
+    records: Sequence[dict], method: str, baseline: str, *, resamples: int = 2000, seed: int = 0
+) -> dict | None:  # fmt: skip
+    """``method`` minus ``baseline`` (both :func:`method_label`) on the examples both have: Δ quality and
+    Δ acceptance (pooled accepted / drafted) with paired bootstrap intervals. None when they share no example."""
+    by_method = _by_method(records)
+    if method not in by_method or baseline not in by_method:
+        return None
+    common = sorted(set(by_method[method]) & set(by_method[baseline]))
+    if not common:
+        return None
+    scale = 1.0 if by_method[method][common[0]].get("metric") == "rouge2" else 100.0
+
+    def gaps(sample: Sequence[int]) -> tuple[float, float] | None:
+        own, base = _point(by_method[method], sample, scale), _point(by_method[baseline], sample, scale)
+        if own is None or base is None:
+            return None
+        return own[1] - base[1], own[0] - base[0]
+
+    own, base = _point(by_method[method], common, scale), _point(by_method[baseline], common, scale)
+    if own is None or base is None:
+        return None
+    rng = random.Random(seed)
+    drawn = [g for _ in range(resamples) if (g := gaps([rng.choice(common) for _ in common])) is not None]
+    return {
+        "method": method,
+        "baseline": baseline,
+        "n": len(common),
+        "acceptance": own[0],
+        "quality": own[1],
+        "baseline_acceptance": base[0],
+        "baseline_quality": base[1],
+        "quality_gap": own[1] - base[1],
+        "quality_gap_ci": _interval([g[0] for g in drawn]),
+        "acceptance_gap": own[0] - base[0],
+        "acceptance_gap_ci": _interval([g[1] for g in drawn]),
+    }
+
+
 def compare_to_frontier(
     records: Sequence[dict], method: str, *, resamples: int = 2000, seed: int = 0
 ) -> dict | None:  # fmt: skip
@@ -111,10 +161,7 @@ def compare_to_frontier(
     ``records``: sampler records of one task, temperature, N and max_new_tokens (``hf-diversed bench`` lines).
     Returns None when the frontier has fewer than two methods or they share no example with ``method``.
     """
-    by_method: dict[str, dict[int, dict]] = defaultdict(dict)
-    for r in records:
-        if r.get("engine") == "sampler" and r.get("drafted") is not None and r.get("quality") is not None:
-            by_method[method_label(r)][r["example_index"]] = r
+    by_method = _by_method(records)
     frontier = frontier_methods(sorted(by_method))
     if method not in by_method or len([m for m in frontier if m != method]) < 2:
         return None
