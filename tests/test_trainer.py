@@ -465,6 +465,14 @@ def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
     head = load_head(out, cache=False)
     assert head.config.target_hidden_size == 64 and head.config.target_model == str(tmp_path / "target")
     assert '"rule": "token-class:digits:0"' in capsys.readouterr().out
+    args = ["--rollouts_cache", str(tmp_path / "rollouts.pt"), "--target", str(tmp_path / "target"), "--draft",
+            str(tmp_path / "draft"), "--holdout", "0.25", "--steps", "30"]  # fmt: skip
+    assert imitate_rule.main([*args, "--output_dir", str(tmp_path / "soft"), "--margin", "0.1"]) == 0
+    soft = json.loads((tmp_path / "soft" / "imitation.json").read_text())  # fits 0.1 + 0.8 w_rule
+    assert soft["fit"]["mean_target"] == pytest.approx(0.1 + 0.8 * report["fit"]["mean_target"], abs=1e-6)
+    with pytest.raises(SystemExit, match="--margin must be in"):
+        imitate_rule.main([*args, "--output_dir", str(tmp_path / "bad"), "--margin", "0.5"])
+    capsys.readouterr()
 
     # the diagnostics: a fresh head is static (no spread, no correlation), the fitted one follows the rule
     import analyze_head

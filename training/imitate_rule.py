@@ -40,6 +40,13 @@ class ImitationArguments:
     steps: int = field(default=400, metadata={"help": "AdamW steps."})
     learning_rate: float = field(default=1e-2, metadata={"help": "AdamW learning rate."})
     seed: int = field(default=0, metadata={"help": "Seed of the held-out split and the batches."})
+    margin: float = field(
+        default=0.0,
+        metadata={
+            "help": "Fit m + (1 - 2m) * w_rule instead of w_rule: RL's gradient through w = sigmoid(z) is w(1 - w), "
+            "about 0 at a saturated 0 or 1, so a margin such as 0.05 leaves the rule-initialised head room to move."
+        },
+    )
 
 
 def rule_targets(rule: TokenClassEnsemble, rollouts: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(rule, TokenClassEnsemble):
         raise SystemExit(f"--rule must be a token-class rule such as token-class:digits:0, got {args.rule!r}.")
     rollouts = load_rollouts(args.rollouts_cache)
+    if not 0 <= args.margin < 0.5:
+        raise SystemExit(f"--margin must be in [0, 0.5), got {args.margin}.")
     targets, groups = rule_targets(rule, rollouts)
+    targets = args.margin + (1 - 2 * args.margin) * targets
     configs = [AutoConfig.from_pretrained(p) for p in (target_path, draft_path)]
     shells = [type("Shell", (), {"config": c})() for c in configs]  # for_models reads only the configs
     torch.manual_seed(args.seed)
