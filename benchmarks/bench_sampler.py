@@ -81,7 +81,9 @@ def main() -> None:
     parser.add_argument("--draft", default=DRAFT_NAME)
     parser.add_argument("--batch-sizes", default="1,8,16,32")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--loop-prompts", type=int, default=2, help="prompts timed with the real batch-1 loop")
+    parser.add_argument(
+        "--loop-prompts", type=int, default=2, help="prompts timed with the real batch-1 loop (0: the sampler alone)"
+    )
     parser.add_argument("--num-assistant-tokens", type=int, default=5)
     parser.add_argument(
         "--rules-per-prompt", type=int, default=1,
@@ -121,7 +123,7 @@ def main() -> None:
         )  # fmt: skip
         loop_tokens += len(record.new_tokens)
         loop_seconds += record.seconds
-    loop_tps = loop_tokens / loop_seconds
+    loop_tps = loop_tokens / loop_seconds if loop_seconds else None  # --loop-prompts 0: the sampler alone
     prompt_len = sum(p.shape[1] for p in prompts) // len(prompts)
     rules = ["exact"] + [f"static:{w / 10:g}" for w in range(9, 0, -1)]
     if not 1 <= args.rules_per_prompt <= len(rules):
@@ -161,11 +163,13 @@ def main() -> None:
     print("| engine | B | tokens | seconds | prefill s | tok/s | × loop | decode tok/s | s/step | bare target+draft "
           "s/step | step / bare | peak RSS GiB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| real loop (generate) | 1 | {loop_tokens:.0f} | {loop_seconds:.1f} | - | {loop_tps:.2f} | 1.00 | - | - "
-          f"| - | - | - |")  # fmt: skip
+    if loop_tps is not None:
+        print(f"| real loop (generate) | 1 | {loop_tokens:.0f} | {loop_seconds:.1f} | - | {loop_tps:.2f} | 1.00 | - | "
+              f"- | - | - | - |")  # fmt: skip
     for r in results:
+        ratio = f"{r['tps'] / loop_tps:.2f}" if loop_tps is not None else "-"
         print(f"| sampler | {r['b']} | {r['tokens']} | {r['seconds']:.1f} | {r['prefill']:.1f} | {r['tps']:.2f} | "
-              f"{r['tps'] / loop_tps:.2f} | {r['decode_tps']:.2f} | {r['step']:.3f} | {r['bare']:.3f} | "
+              f"{ratio} | {r['decode_tps']:.2f} | {r['step']:.3f} | {r['bare']:.3f} | "
               f"{r['step'] / r['bare']:.2f} | {r['rss']:.1f} |")  # fmt: skip
 
 
