@@ -66,14 +66,19 @@ def _gap(value, interval, defined: float, spec: str, scale: float = 1.0) -> str:
     return text
 
 
-def frontier_section(records: list[dict]) -> list[str]:
-    """Every method outside the static sweep against the sweep's frontier (per temperature, N, length)."""
+def _sampler_groups(records: list[dict]) -> list[tuple[tuple, list[dict]]]:
+    """The sampler records grouped by (temperature, N, max_new_tokens), in that order."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         if r.get("engine") == "sampler":
             groups.setdefault((r["temperature"], r["N"], r["max_new_tokens"]), []).append(r)
+    return sorted(groups.items())
+
+
+def frontier_section(records: list[dict]) -> list[str]:
+    """Every method outside the static sweep against the sweep's frontier (per temperature, N, length)."""
     lines = []
-    for (temperature, n, length), group in sorted(groups.items()):
+    for (temperature, n, length), group in _sampler_groups(records):
         labels = {method_label(r) for r in group}
         methods = sorted(labels - set(frontier_methods(labels)))
         compared = [c for m in methods if (c := compare_to_frontier(group, m)) is not None]
@@ -111,12 +116,8 @@ def frontier_section(records: list[dict]) -> list[str]:
 
 def baseline_section(records: list[dict]) -> list[str]:
     """Every learned head (``diversed@...``) against each hand-made token-class rule run beside it, paired."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        if r.get("engine") == "sampler":
-            groups.setdefault((r["temperature"], r["N"], r["max_new_tokens"]), []).append(r)
     lines = []
-    for (temperature, n, length), group in sorted(groups.items()):
+    for (temperature, n, length), group in _sampler_groups(records):
         labels = sorted({method_label(r) for r in group})
         heads = [m for m in labels if m.startswith("diversed")]
         rules = [m for m in labels if m.startswith("token-class:")]
