@@ -90,6 +90,11 @@ def main() -> None:
         help="R > 1: each prompt is drawn under R rules (exact, then static 0.9, 0.7, ...) sharing one prefill, "
         "as an evaluation of a static sweep does; B / R prompts per batch",
     )  # fmt: skip
+    parser.add_argument(
+        "--prompts", type=int, default=0,
+        help="P > 0: P prompts x R rules per batch size (default B / R: one batch, no refill); more requests than B "
+        "keep the batch full, rows joining as others finish, as an evaluation or Table 1 run does",
+    )  # fmt: skip
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -100,7 +105,7 @@ def main() -> None:
     draft.generation_config.assistant_confidence_threshold = 0.0
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     task = get_task("gsm8k")
-    rows = task.load("test").select(range(max(sizes)))
+    rows = task.load("test").select(range(max(max(sizes), args.prompts)))
     prompts = [
         tokenizer.apply_chat_template(
             task.build_messages(row), add_generation_prompt=True, return_tensors="pt", return_dict=True
@@ -130,9 +135,9 @@ def main() -> None:
         parser.error(f"--rules-per-prompt must be between 1 and {len(rules)}")
     rules = rules[: args.rules_per_prompt]
     for b in sizes:
-        requests = [SampleRequest(prompts[i], rule, seed=i) for i in range(max(1, b // len(rules))) for rule in rules][
-            :b
-        ]
+        num_prompts = args.prompts or max(1, b // len(rules))
+        requests = [SampleRequest(prompts[i], rule, seed=i) for i in range(num_prompts) for rule in rules]
+        requests = requests if args.prompts else requests[:b]
         with _Timing() as timing:
             start = time.perf_counter()
             out = list(sample_batched(target, draft, requests, config, batch_size=b))
@@ -159,7 +164,8 @@ def main() -> None:
 
     print(f"CPU {cpu_capability()}, dtype {dtype}, {args.threads} threads, {args.max_new_tokens} new tokens, "
           f"T=1, N={args.num_assistant_tokens}, GSM8K test prompts (~{prompt_len} tokens), sampler rules per prompt: "
-          f"{', '.join(rules)} (one shared prefill); real loop: exact SD\n")  # fmt: skip
+          f"{', '.join(rules)} (one shared prefill); {args.prompts or 'B / R'} prompts per batch size; "
+          f"real loop: exact SD\n")  # fmt: skip
     print("| engine | B | tokens | seconds | prefill s | tok/s | × loop | decode tok/s | s/step | bare target+draft "
           "s/step | step / bare | peak RSS GiB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

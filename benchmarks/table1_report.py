@@ -134,10 +134,12 @@ def baseline_section(records: list[dict]) -> list[str]:
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for c in compared:
+            acceptance_gap = _gap(c["acceptance_gap"], c["acceptance_gap_ci"], 1.0, ".1f", 100)
+            quality_gap = _gap(c["quality_gap"], c["quality_gap_ci"], 1.0, ".1f")
             lines.append(
                 f"| {c['method']} | {c['baseline']} | {c['n']} | {_pct(c['acceptance'])} | "
-                f"{_pct(c['baseline_acceptance'])} | {_gap(c['acceptance_gap'], c['acceptance_gap_ci'], 1.0, '.1f', 100)} | "
-                f"{c['quality']:.1f} | {c['baseline_quality']:.1f} | {_gap(c['quality_gap'], c['quality_gap_ci'], 1.0, '.1f')} |"
+                f"{_pct(c['baseline_acceptance'])} | {acceptance_gap} | "
+                f"{c['quality']:.1f} | {c['baseline_quality']:.1f} | {quality_gap} |"
             )
     return lines
 

@@ -503,7 +503,9 @@ def test_table1_report_sets_each_head_beside_each_token_class_rule(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import table1_report
 
-    rules = _frontier_records("token-class:digits:0", 0.98, 0.30) + _frontier_records("token-class:digits:0.3", 0.9, 0.4)
+    rules = _frontier_records("token-class:digits:0", 0.98, 0.30) + _frontier_records(
+        "token-class:digits:0.3", 0.9, 0.4
+    )
     heads = [{**r, "method": "diversed", "head": h} for h in ("a", "b") for r in _frontier_records("x", 0.9, 0.5)]
     records = [{**r, "temperature": 1.0, "N": 5, "max_new_tokens": 512} for r in rules + heads]
     rows = [line for line in table1_report.baseline_section(records) if line.startswith("| diversed@")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import pytest
@@ -122,9 +123,9 @@ def test_draft_warpers_apply_once():
         _compat.apply_draft_warpers_once(drafter)
 
 
+@torch.no_grad()
 def test_batched_sampler_internals():
     """What the batched sampler relies on: generate's processor machinery and DynamicCache's layer tensors."""
-    import torch
     from conftest import build_tiny
     from transformers import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
@@ -146,11 +147,31 @@ def test_batched_sampler_internals():
     cache = model(ids, use_cache=True).past_key_values
     _compat.check_batchable_cache(cache, "the model")
     short = model(ids[:, :2], use_cache=True).past_key_values
-    stacked = _compat.cache_stack([cache, short], [1, 2])
+    stacked = _compat.slot_cache([cache, short], [1, 2])
     assert [layer.keys.shape[:3] for layer in stacked.layers] == [(3, 2, 4)]
     assert torch.equal(stacked.layers[0].keys[1:, :, 2:], short.layers[0].keys.expand(2, -1, -1, -1))
     assert stacked.layers[0].keys[1:, :, :2].abs().sum() == 0  # left padding
-    _compat.cache_select_rows(stacked, torch.tensor([2, 0]))
-    _compat.cache_drop_leading(stacked, 1)
-    assert stacked.layers[0].keys.shape[:3] == (2, 2, 3) and stacked.get_seq_length() == 3
-    assert torch.equal(stacked.layers[0].keys[1], cache.layers[0].keys[0, :, 1:])
+    # a decode step through the slot cache equals one through the DynamicCache it was built from
+    step = dict(input_ids=torch.tensor([[7]]), use_cache=True)
+    mask = torch.ones(1, 5, dtype=torch.long)
+    dynamic = copy.deepcopy(cache)
+    slot = _compat.slot_cache([cache], [1])
+    a = model(**step, attention_mask=mask, past_key_values=dynamic).logits
+    b = model(**step, attention_mask=mask, past_key_values=slot).logits
+    assert torch.equal(a, b) and slot.get_seq_length() == 5
+    assert torch.equal(slot.layers[0].keys, dynamic.layers[0].keys)
+    for _ in range(_compat.SlotLayer.room + 1):  # past the spare room: the buffers grow
+        slot.layers[0].update(*(t[:, :, -1:] for t in (dynamic.layers[0].keys, dynamic.layers[0].values)))
+    assert slot.layers[0].keys.shape[2] == 5 + _compat.SlotLayer.room + 1
+    assert torch.equal(slot.layers[0].keys[:, :, :5], dynamic.layers[0].keys)
+    # rows are slots: overwrite one with a prefix (right-aligned), drop and prepend columns, compact
+    _compat.cache_write_rows(stacked, [0], short)
+    assert torch.equal(stacked.layers[0].keys[0, :, 2:], short.layers[0].keys[0])
+    assert _compat.cache_write_rows(stacked, [2], model(torch.arange(3, 9)[None], use_cache=True).past_key_values) == 2
+    assert stacked.get_seq_length() == 6 and stacked.layers[0].keys[:2, :, :2].abs().sum() == 0
+    _compat.cache_select_rows(stacked, torch.tensor([2, 1]))
+    _compat.cache_drop_leading(stacked, 2)
+    assert stacked.layers[0].keys.shape[:3] == (2, 2, 4) and stacked.get_seq_length() == 4
+    assert torch.equal(stacked.layers[0].keys[1, :, 2:], short.layers[0].keys[0])
+    _compat.cache_add_rows(stacked, 1)
+    assert stacked.layers[0].keys.shape[:3] == (3, 2, 4) and stacked.layers[0].keys[2].abs().sum() == 0

@@ -46,9 +46,10 @@ __all__ = [
     "StaticCache",
     "active_settings",
     "apply_draft_warpers_once",
+    "cache_add_rows",
     "cache_drop_leading",
-    "cache_stack",
     "cache_select_rows",
+    "cache_write_rows",
     "check_batchable_cache",
     "check_transformers_version",
     "generation_logits_processors",
@@ -58,6 +59,7 @@ __all__ = [
     "prepare_attention_mask",
     "prepare_position_ids",
     "prepare_token_type_ids",
+    "slot_cache",
     "split_model_outputs",
     "supports_logits_to_keep",
 ]
@@ -199,43 +201,132 @@ def check_batchable_cache(cache, model_name: str) -> None:
         )
 
 
-def cache_select_rows(cache, index: torch.Tensor) -> None:
-    """Keep only the batch rows ``index`` (in that order), in place."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(0, index)
-        layer.values = layer.values.index_select(0, index)
+class SlotLayer(DynamicLayer):
+    """A full-attention cache layer over preallocated buffers (rows, heads, capacity, head_dim).
+
+    ``keys`` / ``values`` are views of the buffers' columns [start, end). A decode step writes its column in place;
+    a ``DynamicLayer`` instead copies the whole cache with ``torch.cat`` at every step, which for 128 rows of ~500
+    positions costs about a third of a decode step on a CPU. Rows are slots: the sampler overwrites a finished
+    row's slot with a new prompt instead of copying the cache to drop one row and append another.
+    """
+
+    room = 64  # spare columns added when the buffers are full: one copy of the cache per `room` decode steps
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._reallocate(keys, values, left=0, right=self.room)
+
+    def _reallocate(self, keys: torch.Tensor, values: torch.Tensor, left: int, right: int) -> None:
+        """New buffers holding ``keys`` / ``values`` after ``left`` zero columns (part of the live range) and
+        before ``right`` spare ones."""
+        rows, heads, length, dim = keys.shape
+        self._k = keys.new_empty(rows, heads, left + length + right, dim)
+        self._v = values.new_empty(rows, heads, left + length + right, dim)
+        self._k[:, :, :left].zero_()
+        self._v[:, :, :left].zero_()
+        self._k[:, :, left : left + length] = keys
+        self._v[:, :, left : left + length] = values
+        self.start, self.end = 0, left + length
+        self._expose()
+
+    def _expose(self) -> None:
+        self.keys = self._k[:, :, self.start : self.end]
+        self.values = self._v[:, :, self.start : self.end]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        if self.end + n > self._k.shape[2]:
+            self._reallocate(self.keys, self.values, left=0, right=n + self.room)
+        self._k[:, :, self.end : self.end + n] = key_states
+        self._v[:, :, self.end : self.end + n] = value_states
+        self.end += n
+        self._expose()
+        return self.keys, self.values
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self._reallocate(self.keys.index_select(0, index), self.values.index_select(0, index), 0, self.room)
+
+    def add_rows(self, n: int) -> None:
+        zeros = self.keys.new_zeros(n, *self.keys.shape[1:])
+        self._reallocate(torch.cat([self.keys, zeros]), torch.cat([self.values, zeros]), 0, self.room)
+
+    def drop_leading(self, n: int) -> None:
+        self.start += n
+        self._expose()
+
+    def extend_left(self, n: int) -> None:
+        """Prepend ``n`` zero columns to every row."""
+        if n <= self.start:
+            self.start -= n
+            self._k[:, :, self.start : self.start + n].zero_()
+            self._v[:, :, self.start : self.start + n].zero_()
+            self._expose()
+        else:
+            self._reallocate(self.keys, self.values, left=n, right=self._k.shape[2] - self.end)
+
+    def write_rows(self, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Overwrite rows ``slots`` with ``keys`` / ``values`` (1, heads, P, dim), right-aligned: the last P columns."""
+        length = keys.shape[2]
+        self._k[slots, :, self.end - length : self.end] = keys.expand(len(slots), -1, -1, -1)
+        self._v[slots, :, self.end - length : self.end] = values.expand(len(slots), -1, -1, -1)
 
 
-def cache_drop_leading(cache, n: int) -> None:
-    """Drop the first ``n`` positions of every row (columns that are padding in all rows), in place."""
-    if n > 0:
-        for layer in cache.layers:
-            layer.keys = layer.keys[:, :, n:].contiguous()
-            layer.values = layer.values[:, :, n:].contiguous()
-
-
-def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
-    pad = length - x.shape[2]
-    return x if pad == 0 else torch.cat([x.new_zeros(*x.shape[:2], pad, x.shape[3]), x], dim=2)
-
-
-def cache_stack(caches: list, repeats: list[int]):
-    """A new cache holding ``repeats[i]`` copies of the row(s) of each ``caches[i]``, one after another.
+def slot_cache(caches: list, repeats: list[int]):
+    """A new cache of ``SlotLayer`` s holding ``repeats[i]`` copies of the row(s) of each ``caches[i]``.
 
     Rows are right-aligned: shorter ones are left-padded with zeros (the caller masks those positions). The
     inputs are left unchanged.
     """
     out = copy.copy(caches[0])
     out.layers = []
-    for i, layer in enumerate(caches[0].layers):
-        new = copy.copy(layer)
+    for i in range(len(caches[0].layers)):
         keys = [c.layers[i].keys.repeat_interleave(r, 0) for c, r in zip(caches, repeats, strict=True)]
         values = [c.layers[i].values.repeat_interleave(r, 0) for c, r in zip(caches, repeats, strict=True)]
         length = max(k.shape[2] for k in keys)
-        new.keys = torch.cat([_left_pad(k, length) for k in keys], dim=0)
-        new.values = torch.cat([_left_pad(v, length) for v in values], dim=0)
-        out.layers.append(new)
+        out.layers.append(
+            SlotLayer(
+                torch.cat([_left_pad(k, length) for k in keys]), torch.cat([_left_pad(v, length) for v in values])
+            )
+        )
     return out
+
+
+def cache_write_rows(cache, slots: list[int], prefix) -> int:
+    """Put the one-row cache ``prefix`` into rows ``slots`` of ``cache``, right-aligned (rows' earlier columns are
+    left as they are: the caller masks them). Prepends zero columns to every row first if the prefix is longer
+    than the cache. Returns how many columns were prepended."""
+    extra = max(0, prefix.get_seq_length() - cache.get_seq_length())
+    index = torch.tensor(slots, dtype=torch.long, device=cache.layers[0].keys.device)
+    for layer, source in zip(cache.layers, prefix.layers, strict=True):
+        if extra:
+            layer.extend_left(extra)
+        layer.write_rows(index, source.keys, source.values)
+    return extra
+
+
+def cache_select_rows(cache, index: torch.Tensor) -> None:
+    """Keep only the batch rows ``index`` (in that order), in place."""
+    for layer in cache.layers:
+        layer.select_rows(index)
+
+
+def cache_add_rows(cache, n: int) -> None:
+    """Append ``n`` zero rows, in place."""
+    for layer in cache.layers:
+        layer.add_rows(n)
+
+
+def cache_drop_leading(cache, n: int) -> None:
+    """Drop the first ``n`` positions of every row (columns that are padding in all rows), in place."""
+    if n > 0:
+        for layer in cache.layers:
+            layer.drop_leading(n)
+
+
+def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
+    pad = length - x.shape[2]
+    return x if pad == 0 else torch.cat([x.new_zeros(*x.shape[:2], pad, x.shape[3]), x], dim=2)
 
 
 def private_signatures() -> dict[str, inspect.Signature]:

@@ -291,7 +291,9 @@ class _Sampler:
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.eos = set(int(e) for e in eos)
         self.rows: list[_Row] = []
-        self.mask: torch.Tensor | None = None  # (B, L) 1 = real token
+        self.slots: list[int] = []  # the cache row (slot) of each running row
+        self.free: list[int] = []  # cache slots of finished rows, to be reused
+        self.mask: torch.Tensor | None = None  # (slots, L) 1 = real token
         self.pending: tuple[torch.Tensor, ...] | None = None  # target logits, draft logits, target h, draft h
 
     # ------------------------------------------------------------------ joining and leaving
@@ -322,48 +324,71 @@ class _Sampler:
         )  # fmt: skip
 
     def _join(self, joining: list[tuple[_Row, _Prefix]]) -> None:
-        """Add rows (each with its prompt's prefix) to the batch: caches, mask and pending distributions."""
-        groups: list[list] = []  # [prefix, number of new rows], consecutive rows sharing a prefix
-        for _, prefix in joining:
+        """Put new rows (each with its prompt's prefix) into free cache slots, right-aligned; add their pending
+        distributions. The caches gain slots only when none is free (the first join allocates them)."""
+        groups: list[list] = []  # [prefix, rows], consecutive rows sharing a prefix
+        for row, prefix in joining:
             if groups and groups[-1][0] is prefix:
-                groups[-1][1] += 1
+                groups[-1][1].append(row)
             else:
-                groups.append([prefix, 1])
-        prefixes, repeats = [g[0] for g in groups], [g[1] for g in groups]
+                groups.append([prefix, [row]])
         new_pending = [
-            torch.cat([getattr(p, name).expand(r, -1) for p, r in groups])
+            torch.cat([getattr(p, name).expand(len(rows), -1) for p, rows in groups])
             for name in ("target_logits", "draft_logits", "target_hidden", "draft_hidden")
         ]
-        old_t = [self.target.cache] if self.rows else []
-        old_d = [self.draft.cache] if self.rows else []
-        ones = [1] if self.rows else []
-        self.target.cache = _compat.cache_stack(old_t + [p.target_cache for p in prefixes], ones + repeats)
-        self.draft.cache = _compat.cache_stack(old_d + [p.draft_cache for p in prefixes], ones + repeats)
-        length = self.target.cache.get_seq_length()
-        lengths = [p.length for p, r in groups for _ in range(r)]
-        mask = torch.zeros(len(self.rows) + len(lengths), length, dtype=torch.long, device=self.device)
-        if self.rows:
-            mask[: len(self.rows), length - self.mask.shape[1] :] = self.mask
-        for i, n in enumerate(lengths):
-            mask[len(self.rows) + i, length - n :] = 1
-        self.mask = mask
+        if self.target.cache is None:  # the first rows: build the caches around them
+            prefixes, repeats = [g[0] for g in groups], [len(g[1]) for g in groups]
+            self.target.cache = _compat.slot_cache([p.target_cache for p in prefixes], repeats)
+            self.draft.cache = _compat.slot_cache([p.draft_cache for p in prefixes], repeats)
+            length = self.target.cache.get_seq_length()
+            self.mask = torch.zeros(len(joining), length, dtype=torch.long, device=self.device)
+            for i, (_, prefix) in enumerate(joining):
+                self.mask[i, length - prefix.length :] = 1
+            self.slots = list(range(len(joining)))
+        else:
+            if len(self.free) < len(joining):
+                extra, slots = len(joining) - len(self.free), self.mask.shape[0]
+                for model in (self.target, self.draft):
+                    _compat.cache_add_rows(model.cache, extra)
+                self.mask = torch.cat([self.mask, self.mask.new_zeros(extra, self.mask.shape[1])])
+                self.free += list(range(slots, slots + extra))
+            self.free.sort(reverse=True)  # fill the lowest free slots first
+            for prefix, rows in groups:
+                slots = [self.free.pop() for _ in rows]
+                for model, cache in ((self.target, prefix.target_cache), (self.draft, prefix.draft_cache)):
+                    extra = _compat.cache_write_rows(model.cache, slots, cache)
+                if extra:
+                    self.mask = torch.cat([self.mask.new_zeros(self.mask.shape[0], extra), self.mask], 1)
+                self.mask[slots] = 0
+                self.mask[slots, self.mask.shape[1] - prefix.length :] = 1
+                self.slots += slots
         if self.rows:
             self.pending = tuple(torch.cat([a, b]) for a, b in zip(self.pending, new_pending, strict=True))
         else:
             self.pending = tuple(new_pending)
         self.rows += [row for row, _ in joining]
 
-    def _leave(self, keep: list[int]) -> None:
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+    def _leave(self, keep: list[int], more_waiting: bool) -> None:
+        """Drop finished rows. Their slots stay in the caches (free, to be overwritten by joining rows); once no
+        request waits and a quarter of the slots are free, the caches are compacted to the running rows."""
+        kept = set(keep)
+        self.free += [slot for i, slot in enumerate(self.slots) if i not in kept]
         self.rows = [self.rows[i] for i in keep]
+        self.slots = [self.slots[i] for i in keep]
         if not self.rows:
             self.target.cache = self.draft.cache = self.mask = self.pending = None
+            self.slots, self.free = [], []
             return
-        for model in (self.target, self.draft):
-            _compat.cache_select_rows(model.cache, index)
-        self.mask = self.mask.index_select(0, index)
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.pending = tuple(x.index_select(0, index) for x in self.pending)
-        lead = int(self.mask.argmax(-1).min())  # columns that are padding in every row
+        if not more_waiting and 4 * len(self.free) >= self.mask.shape[0]:
+            live = torch.tensor(self.slots, dtype=torch.long, device=self.device)
+            for model in (self.target, self.draft):
+                _compat.cache_select_rows(model.cache, live)
+            self.mask = self.mask.index_select(0, live)
+            self.slots, self.free = list(range(len(self.rows))), []
+        live_mask = self.mask[self.slots]
+        lead = int(live_mask.argmax(-1).min())  # columns that are padding in every running row
         if lead > 0:
             for model in (self.target, self.draft):
                 _compat.cache_drop_leading(model.cache, lead)
@@ -429,27 +454,43 @@ class _Sampler:
             bonus_tokens[b] = self._bonus(p[b], q[b], z_p[b], u[b] if sample else None)
         if drafted:
             d = torch.tensor(drafted, device=p.device)
-            x[d] = _inverse_cdf(q[d], u[d, 0]) if sample else z_q[d].argmax(-1)
-            tv[d] = total_variation(p[d], q[d])
+            # Most rows are at a drafted position: then the full-vocabulary work runs on all rows (the bonus rows'
+            # results are dropped), which is cheaper than copying the drafted rows out first.
+            full = 2 * len(drafted) > len(rows)
+            p_d, q_d = (p, q) if full else (p[d], q[d])
+            pick = d if full else slice(None)
+            if sample:
+                x[d] = _inverse_cdf(q_d, u[:, 0] if full else u[d, 0])[pick]
+            else:
+                x[d] = (z_q if full else z_q[d]).argmax(-1)[pick]
+            tv[d] = total_variation(p_d, q_d)[pick]
             groups: dict[VerificationRule, list[int]] = {}
             for i in drafted:
                 groups.setdefault(rows[i].rule, []).append(i)
-            for rule, idx in groups.items():
-                at = torch.tensor(idx, device=p.device)
-                p_g, q_g, w_g, x_g = p[at].unsqueeze(1), q[at].unsqueeze(1), w[at].unsqueeze(1), x[at].unsqueeze(1)
-                if sample:
-                    p_x = p_g.gather(-1, x_g[..., None])[..., 0]
-                    q_x = q_g.gather(-1, x_g[..., None])[..., 0]
-                    ratio = rule.acceptance_ratio(p_x, q_x, w_g)
-                    ok = (u[at, 1:2] <= ratio).squeeze(1)
-                    accepted[at] = ok
-                    if not bool(ok.all()):
-                        residual = rule.residual(p_g, q_g, w_g).squeeze(1)
-                        mass = residual.sum(-1, keepdim=True)
-                        usable = mass > torch.finfo(mass.dtype).tiny
-                        dist = torch.where(usable, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p[at])
-                        corrections[at] = _inverse_cdf(dist, u[at, 2])
-                else:
+            if sample:
+                p_x, q_x = p[d, x[d]], q[d, x[d]]
+                position = {row: j for j, row in enumerate(drafted)}
+                rejected: dict[VerificationRule, list[int]] = {}
+                for rule, idx in groups.items():
+                    at = torch.tensor(idx, device=p.device)
+                    j = torch.tensor([position[i] for i in idx], device=p.device)
+                    ratio = rule.acceptance_ratio(p_x[j].unsqueeze(1), q_x[j].unsqueeze(1), w[at].unsqueeze(1))
+                    ok = (u[at, 1] <= ratio.squeeze(1)).tolist()
+                    accepted[at] = torch.tensor(ok, device=p.device)
+                    rejected[rule] = [i for i, good in zip(idx, ok, strict=True) if not good]
+                for rule, idx in rejected.items():  # the residual only where a draft was rejected
+                    if not idx:
+                        continue
+                    at = torch.tensor(idx, device=p.device)
+                    residual = rule.residual(p[at].unsqueeze(1), q[at].unsqueeze(1), w[at].view(-1, 1)).squeeze(1)
+                    mass = residual.sum(-1, keepdim=True)
+                    usable = mass > torch.finfo(mass.dtype).tiny
+                    dist = torch.where(usable, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p[at])
+                    corrections[at] = _inverse_cdf(dist, u[at, 2])
+            else:
+                for rule, idx in groups.items():
+                    at = torch.tensor(idx, device=p.device)
+                    p_g, q_g, w_g, x_g = p[at].unsqueeze(1), q[at].unsqueeze(1), w[at].unsqueeze(1), x[at].unsqueeze(1)
                     ok, targets = rule.greedy_accept(x_g, p_g, q_g, w_g, z_p[at].unsqueeze(1))
                     accepted[at] = ok.squeeze(1)
                     corrections[at] = targets.squeeze(1)
@@ -566,7 +607,7 @@ class _Sampler:
                     done = set(finished)
                     keep = [i for i in range(len(self.rows)) if i not in done]
                     tokens = tokens[keep] if keep else tokens[:0]
-                    self._leave(keep)
+                    self._leave(keep, more_waiting=next_request < len(requests))
                 if not self.rows:
                     continue
                 self._forward(tokens.to(self.device))
@@ -578,11 +619,20 @@ class _Sampler:
         return _Prefix(t_cache, d_cache, t_logits, d_logits, t_hidden, d_hidden, len(key), waiting)
 
     def _forward(self, tokens: torch.Tensor) -> None:
+        """One forward of each model over every cache slot: running rows feed their decided token; free slots feed
+        token 0 at a new unmasked column (their outputs are dropped, and keep their cached values finite)."""
+        slots = self.mask.shape[0]
+        dense = self.slots == list(range(slots))
+        if not dense:
+            index = torch.tensor(self.slots, dtype=torch.long, device=self.device)
+            tokens = tokens.new_zeros(slots).index_copy_(0, index, tokens)
         positions = self.mask.sum(-1)
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], 1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(slots, 1)], 1)
         t_logits, t_hidden = self.target.step(tokens, self.mask, positions)
         d_logits, d_hidden = self.draft.step(tokens, self.mask, positions)
         self.pending = (t_logits, d_logits, t_hidden, d_hidden)
+        if not dense:
+            self.pending = tuple(x.index_select(0, index) for x in self.pending)
 
 
 def sample_batched(

@@ -26,8 +26,8 @@ Programmatic use::
 
 One module per stage: ``config`` (options, methods, output files, errors), ``plan`` (record keys, the plan,
 the results file), ``runner`` (the models, the sampler and the timed loop), ``costs`` (per-token costs, speed
-models), ``frontier`` (a method against the static sweep and a baseline), ``runs`` (the run log), ``summary`` (pooled rows,
-intervals), ``report`` (summary.json, results.md, plots), ``cli``.
+models), ``frontier`` (a method against the static sweep and a baseline), ``runs`` (the run log), ``summary``
+(pooled rows, intervals), ``report`` (summary.json, results.md, plots), ``cli``.
 """
 
 from .cli import (
