@@ -304,26 +304,31 @@ def test_steps_per_generation_draws_a_block_with_one_head(pair, tmp_path):
     assert _same(_params(resumed.accelerator.unwrap_model(resumed.head)), _params(blocked.head))
 
 
+def _recording_trainer(pair, out: Path, **extra) -> tuple[DiversedTrainer, list]:
+    """A K = 2 trainer with eval prompts that records, per sampler call, what it drew: "eval" or the steps."""
+    target, draft = pair
+    config = _config(out, max_steps=4, acceptance_coef=0.5, steps_per_generation=2, **extra)
+    trainer = DiversedTrainer(
+        config, target, draft, train_dataset=_dataset(6), eval_dataset=_dataset(3, seed=5),
+        reward_funcs=[_trust_draft_reward(target, draft)],
+    )  # fmt: skip
+    calls = []
+    real_draw = trainer._draw
+
+    def draw(parts):
+        calls.append([sorted({key[0] if key[0] == "eval" else key[1] for key in keys}) for _, _, _, keys in parts])
+        return real_draw(parts)
+
+    trainer._draw = draw
+    return trainer, calls
+
+
 def test_evaluation_at_a_block_boundary_shares_the_blocks_sampler_call(pair, tmp_path):
     """With eval_steps a multiple of K, each evaluation and the next block's rollouts are drawn in one sampler call;
     training sees the same rollouts as a run without evaluations, and the evaluations are those of the heads."""
-    target, draft = pair
 
     def make(out, **extra):
-        config = _config(tmp_path / out, max_steps=4, acceptance_coef=0.5, steps_per_generation=2, **extra)
-        trainer = DiversedTrainer(
-            config, target, draft, train_dataset=_dataset(6), eval_dataset=_dataset(3, seed=5),
-            reward_funcs=[_trust_draft_reward(target, draft)],
-        )  # fmt: skip
-        calls = []
-        real_draw = trainer._draw
-
-        def draw(parts):
-            calls.append([sorted({key[0] if key[0] == "eval" else key[1] for key in keys}) for _, _, _, keys in parts])
-            return real_draw(parts)
-
-        trainer._draw = draw
-        return trainer, calls
+        return _recording_trainer(pair, tmp_path / out, **extra)
 
     merged, calls = make("merged", eval_steps=2, num_eval_prompts=3)
     merged.train()
@@ -610,3 +615,30 @@ def test_two_processes_keep_heads_identical(tmp_path):
     rank0, rank1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
     assert _same(rank0, rank1)
     assert (out / "model.safetensors").is_file()
+
+
+def test_a_run_stopped_before_logging_an_evaluation_resumes_with_it(pair, tmp_path):
+    """The checkpoint at an evaluation step is written before the evaluation: a resumed run whose log lacks that
+    evaluation draws it (beside the next block, as the uninterrupted run did); one whose log has it does not."""
+
+    def log(out):
+        path = tmp_path / out / "out" / "log_history.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    full, _ = _recording_trainer(pair, tmp_path / "full", eval_steps=2, num_eval_prompts=3, save_steps=2)
+    full.train()
+    checkpoint = tmp_path / "full" / "out" / "checkpoint-2"
+    for out, upto_eval in (("stopped", False), ("logged", True)):
+        (tmp_path / out / "out").mkdir(parents=True)
+        kept = [e for e in log("full") if e["step"] < 2 or (e["step"] == 2 and (upto_eval or e["split"] == "train"))]
+        (tmp_path / out / "out" / "log_history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
+    stopped, stopped_calls = _recording_trainer(pair, tmp_path / "stopped", eval_steps=2, num_eval_prompts=3)
+    stopped.train(resume_from_checkpoint=checkpoint)
+    assert stopped_calls == [[["eval"], [2, 3]], [["eval"]]]
+    assert log("stopped") == log("full") and stopped.history == full.history
+    logged, logged_calls = _recording_trainer(pair, tmp_path / "logged", eval_steps=2, num_eval_prompts=3)
+    logged.train(resume_from_checkpoint=checkpoint)
+    assert logged_calls == [[[2, 3]], [["eval"]]]
+    for a, b in zip(logged.history, full.history, strict=True):  # the block drawn alone: same tokens
+        assert all(a[k] == b[k] for k in ("acceptance_rate", "cut_fraction"))
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)

@@ -592,6 +592,8 @@ class DiversedTrainer:
             # the curve's first point; its values are also the final "untrained" row (same prompts and seeds)
             self.untrained_eval = self.evaluate(self.ref_head, draw_next_block=True)
             self._log(self.untrained_eval, prefix="eval")
+        elif resume and self._evaluation_due() and not self._evaluation_logged():
+            self._log(self.evaluate(draw_next_block=True), prefix="eval")  # the run stopped before logging it
         bar = tqdm(
             total=cfg.max_steps,
             initial=self.step,
@@ -607,10 +609,11 @@ class DiversedTrainer:
             bar.set_postfix(
                 reward=f"{metrics['reward']:.3f}", acc=f"{metrics['acceptance_rate']:.3f}", w=f"{metrics['mean_w']:.3f}"
             )
-            if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < cfg.max_steps:
-                self._log(self.evaluate(draw_next_block=True), prefix="eval")
+            # the checkpoint first: a run stopped during the evaluation resumes here and evaluates again
             if cfg.save_steps and self.step % cfg.save_steps == 0:
                 self.save_checkpoint()
+            if self._evaluation_due():
+                self._log(self.evaluate(draw_next_block=True), prefix="eval")
         bar.close()
         self._check_frozen()
         head = self.accelerator.unwrap_model(self.head)
@@ -622,6 +625,26 @@ class DiversedTrainer:
         if self._writer is not None:
             self._writer.close()
         return head
+
+    def _evaluation_due(self) -> bool:
+        """An in-run evaluation point: every ``eval_steps`` steps, before the last (the final one evaluates)."""
+        cfg = self.config
+        return (
+            bool(cfg.num_eval_prompts and cfg.eval_steps)
+            and 0 < self.step < cfg.max_steps
+            and (self.step % cfg.eval_steps == 0)
+        )
+
+    def _evaluation_logged(self) -> bool:
+        """Whether ``log_history.jsonl`` in the output directory holds an evaluation at the current step."""
+        log_path = Path(self.config.output_dir) / "log_history.jsonl"
+        if not log_path.is_file():
+            return False
+        for line in log_path.read_text().splitlines():
+            entry = json.loads(line) if line.strip() else {}
+            if entry.get("split") == "eval" and entry.get("step") == self.step:
+                return True
+        return False
 
     def _check_frozen(self) -> None:
         if (_fingerprint(self.target), _fingerprint(self.draft)) != self._frozen:
