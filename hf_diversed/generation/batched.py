@@ -355,8 +355,11 @@ class _Sampler:
             self.free.sort(reverse=True)  # fill the lowest free slots first
             for prefix, rows in groups:
                 slots = [self.free.pop() for _ in rows]
-                for model, cache in ((self.target, prefix.target_cache), (self.draft, prefix.draft_cache)):
-                    extra = _compat.cache_write_rows(model.cache, slots, cache)
+                # the two caches hold the same positions, so they grow left by the same count (one shared mask)
+                extra = max(
+                    _compat.cache_write_rows(model.cache, slots, cache)
+                    for model, cache in ((self.target, prefix.target_cache), (self.draft, prefix.draft_cache))
+                )
                 if extra:
                     self.mask = torch.cat([self.mask.new_zeros(self.mask.shape[0], extra), self.mask], 1)
                 self.mask[slots] = 0
@@ -468,16 +471,13 @@ class _Sampler:
             for i in drafted:
                 groups.setdefault(rows[i].rule, []).append(i)
             if sample:
-                p_x, q_x = p[d, x[d]], q[d, x[d]]
-                position = {row: j for j, row in enumerate(drafted)}
+                p_x, q_x = p.gather(1, x[:, None]), q.gather(1, x[:, None])  # (rows, 1); bonus rows unused
                 rejected: dict[VerificationRule, list[int]] = {}
                 for rule, idx in groups.items():
                     at = torch.tensor(idx, device=p.device)
-                    j = torch.tensor([position[i] for i in idx], device=p.device)
-                    ratio = rule.acceptance_ratio(p_x[j].unsqueeze(1), q_x[j].unsqueeze(1), w[at].unsqueeze(1))
-                    ok = (u[at, 1] <= ratio.squeeze(1)).tolist()
-                    accepted[at] = torch.tensor(ok, device=p.device)
-                    rejected[rule] = [i for i, good in zip(idx, ok, strict=True) if not good]
+                    ok = u[at, 1] <= rule.acceptance_ratio(p_x[at], q_x[at], w[at].unsqueeze(1)).squeeze(1)
+                    accepted[at] = ok
+                    rejected[rule] = at[~ok].tolist()
                 for rule, idx in rejected.items():  # the residual only where a draft was rejected
                     if not idx:
                         continue
