@@ -497,6 +497,80 @@ def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
     assert "| head | mean_w |" in capsys.readouterr().out
 
 
+def _recorded(p_y, q_y, tv, top_p, w_old=0.5):
+    """A recorded rollout with given per-position quantities (no model needed)."""
+    from hf_diversed.generation.stats import DiversedStats
+    from hf_diversed.trainer.rollout import Rollout
+
+    n = len(p_y)
+    return Rollout(
+        completion_ids=torch.zeros(n, dtype=torch.long), h_draft=torch.zeros(n, 2), h_target=torch.zeros(n, 2),
+        p_y=torch.tensor(p_y), q_y=torch.tensor(q_y), tv=torch.tensor(tv), w_old=torch.full((n,), w_old),
+        stats=DiversedStats(), top_p=torch.tensor(top_p), top_q=torch.zeros(n, dtype=torch.long),
+    )  # fmt: skip
+
+
+def test_reward_push_splits_the_first_update_into_reward_and_regularizer():
+    """At the drawing head, descent moves w_t along A (p(y) - q(y)) / nu(y) - lambda TV_t: the reward part is
+    averaged per class of positions (the rule's exact ones, the rest), with A the step's REINFORCE++ advantage."""
+    from hf_diversed.generation.verification import TokenClassEnsemble
+    from hf_diversed.trainer.analysis import reward_push
+    from hf_diversed.trainer.diversed_trainer import reinforce_pp_advantages
+
+    rule = TokenClassEnsemble(token_ids={7}, weight=0.0)  # exact where argmax p (or q) is token 7
+    won = _recorded([0.6, 0.3, 0.5], [0.2, 0.3, 0.1], [0.4, 0.1, 0.3], [7, 1, 7])  # the target's tokens won
+    lost = _recorded([0.2, 0.4], [0.6, 0.4], [0.4, 0.2], [7, 1])  # the draft's token lost
+    tie = [_recorded([0.9], [0.1], [0.8], [7]), _recorded([0.1], [0.9], [0.8], [7])]  # equal rewards: A = 0
+    steps = [([won, lost], torch.tensor([1.0, 0.0])), (tie, torch.tensor([1.0, 1.0]))]
+    out = reward_push(steps, rule, acceptance_coefs=[0.1], resamples=200)
+
+    a = reinforce_pp_advantages(torch.tensor([[1.0], [0.0]])).tolist()
+    assert a == pytest.approx([0.5**0.5, -(0.5**0.5)], rel=1e-6)
+    exact_pushes = [a[0] * 0.4 / 0.4, a[0] * 0.4 / 0.3, a[1] * -0.4 / 0.4, 0.0, 0.0]  # nu = (p + q) / 2 at w 0.5
+    exact, elsewhere = out["rule_exact"], out["elsewhere"]
+    assert exact["positions"] == 5 and elsewhere["positions"] == 2
+    assert exact["reward_push"] == pytest.approx(sum(exact_pushes) / 5)
+    assert exact["mean_tv"] == pytest.approx((0.4 + 0.3 + 0.4 + 0.8 + 0.8) / 5)
+    assert exact["lambda_balance"] == pytest.approx(exact["reward_push"] / exact["mean_tv"])
+    assert exact["net_push_at_0.1"] == pytest.approx(exact["reward_push"] - 0.1 * exact["mean_tv"])
+    assert exact["reward_push_low"] <= exact["reward_push"] <= exact["reward_push_high"]
+    assert elsewhere["reward_push"] == 0 and elsewhere["reward_push_low"] == elsewhere["reward_push_high"] == 0
+    assert elsewhere["net_push_at_0.1"] == pytest.approx(-0.1 * (0.1 + 0.2) / 2)
+
+
+def test_reward_signal_command(tmp_path, monkeypatch, capsys):
+    """`python training/reward_signal.py` scores a cached block with the task's reward and reports the push."""
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import reward_signal
+
+    from hf_diversed.evaluation.tasks import extract_gsm8k_answer
+
+    texts = [f"Question {i}: {i} + {2 * i} = {3 * i} apples, answer {i * 7}." for i in range(200)]
+    tokenizer = chat_tokenizer(texts)
+    target, draft = chat_model(tokenizer, 0), chat_model(tokenizer, 1, noise=0.3)
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    prompts_ = [tokenizer(t, return_tensors="pt")["input_ids"][0] for t in texts[:8]]
+    rollouts = collect_rollouts(target, draft, DiversedHead.for_models(target, draft), prompts_, max_new_tokens=24,
+                                temperature=1.0, num_assistant_tokens=4, seeds=range(8))  # fmt: skip
+    said = [extract_gsm8k_answer(tokenizer.decode(r.completion_ids, skip_special_tokens=True)) for r in rollouts]
+    rows = [{"question": t, "answer": f"#### {said[i] if i % 2 == 0 else 'none'}"} for i, t in enumerate(texts[:8])]
+    torch.save([(rows[:4], rollouts[:4], 0), (rows[4:], rollouts[4:], 0)], tmp_path / "block.pt")
+    args = ["--rollouts_cache", str(tmp_path / "block.pt"), "--rule", "token-class:digits:0", "--target",
+            str(tmp_path / "target"), "--output", str(tmp_path / "signal.json")]  # fmt: skip
+    assert reward_signal.main(args) == 0
+    report = json.loads((tmp_path / "signal.json").read_text())
+    assert report["rollouts"] == 8 and report["steps"] == 2
+    assert report["mean_reward"] == pytest.approx(sum(s is not None for s in said[::2]) / 8)
+    counted = report["rule_exact"].get("positions", 0) + report["elsewhere"].get("positions", 0)
+    assert counted == sum(r.num_tokens for r in rollouts)
+    assert report["rule_exact"]["positions"] > 0 and report["elsewhere"]["positions"] > 0
+    assert "| rule_exact |" in capsys.readouterr().out and report["rule_exact"]["net_push_at_0.1"] is not None
+    torch.save(rollouts, tmp_path / "bare.pt")  # rollouts without their prompts cannot be scored
+    with pytest.raises(SystemExit, match="holds no prompts to score"):
+        reward_signal.main(["--rollouts_cache", str(tmp_path / "bare.pt"), *args[2:]])
+
+
 def test_reward_validation(pair, tmp_path):
     target, draft = pair
     config = _config(tmp_path, max_steps=1)

@@ -23,7 +23,7 @@ from .curves import CURVES_FILE, plot_learning_curves
 from .diversed_config import DiversedTrainerConfig
 from .rollout import Rollout, collect_rollouts
 
-__all__ = ["DiversedTrainer", "DiversedTrainerConfig", "diversed_policy_loss"]
+__all__ = ["DiversedTrainer", "DiversedTrainerConfig", "diversed_policy_loss", "reinforce_pp_advantages"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,22 @@ _STATE_FILE = "trainer_state.pt"
 def mixture_prob(w: torch.Tensor, p_y: torch.Tensor, q_y: torch.Tensor) -> torch.Tensor:
     """nu(y) = w p(y) + (1 - w) q(y)."""
     return w * p_y + (1.0 - w) * q_y
+
+
+def reinforce_pp_advantages(grouped: torch.Tensor, everything: torch.Tensor | None = None) -> torch.Tensor:
+    """REINFORCE++ advantages of this process's rewards ``grouped`` (prompts, generations), flattened.
+
+    A = (r - b) / std(r - b) with b the mean of the prompt's generations (one generation: the mean of the whole
+    step); the std is over ``everything``, the step's rewards on all processes (default: ``grouped``)."""
+    everything = grouped if everything is None else everything
+    if grouped.shape[1] > 1:
+        centered_all = everything - everything.mean(1, keepdim=True)
+        centered = grouped - grouped.mean(1, keepdim=True)
+    else:
+        centered_all = everything - everything.mean()
+        centered = grouped - everything.mean()
+    std = centered_all.std() if centered_all.numel() > 1 else torch.tensor(0.0)
+    return (centered / (std + 1e-8)).view(-1)
 
 
 def diversed_policy_loss(
@@ -332,14 +348,7 @@ class DiversedTrainer:
         cfg = self.config
         grouped = rewards.view(-1, cfg.num_generations)
         everything = gather(grouped.to(self.accelerator.device)).cpu()
-        if cfg.num_generations > 1:
-            centered_all = everything - everything.mean(1, keepdim=True)
-            centered = grouped - grouped.mean(1, keepdim=True)
-        else:
-            centered_all = everything - everything.mean()
-            centered = grouped - everything.mean()
-        std = centered_all.std() if centered_all.numel() > 1 else torch.tensor(0.0)
-        return (centered / (std + 1e-8)).view(-1), everything
+        return reinforce_pp_advantages(grouped, everything), everything
 
     def _next_rollouts(self) -> tuple[list[dict], list[Rollout], int]:
         """This step's prompts, rollouts and their age (steps since the head that drew them).
