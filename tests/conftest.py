@@ -1,6 +1,12 @@
-"""Tiny random causal LMs built from configs (seconds on CPU), shared by the tests."""
+"""Tiny random causal LMs built from configs (seconds on CPU), shared by the tests.
+
+``HF_DIVERSED_TEST_DEVICE=cuda`` builds them, and the prompts, on that device instead, so the same
+specification runs on an accelerator.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -17,6 +23,8 @@ from transformers import (
 import hf_diversed  # noqa: F401  (patches generate)
 
 torch.set_num_threads(1)
+DEVICE = torch.device(os.environ.get("HF_DIVERSED_TEST_DEVICE", "cpu"))
+torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 on the accelerator too
 
 VOCAB = 128
 EOS = 1
@@ -38,8 +46,8 @@ def _common(hidden: int, layers: int) -> dict:
     )
 
 
-def build_tiny(family: str, hidden: int, layers: int, seed: int) -> torch.nn.Module:
-    """A tiny random causal LM of ``family`` ('llama', 'qwen3', 'gemma3')."""
+def build_tiny(family: str, hidden: int, layers: int, seed: int, device: torch.device = DEVICE) -> torch.nn.Module:
+    """A tiny random causal LM of ``family`` ('llama', 'qwen3', 'gemma3'), the same weights on every device."""
     torch.manual_seed(seed)
     if family == "llama":
         model = LlamaForCausalLM(LlamaConfig(**_common(hidden, layers)))
@@ -52,18 +60,18 @@ def build_tiny(family: str, hidden: int, layers: int, seed: int) -> torch.nn.Mod
         raise ValueError(family)
     model.generation_config.assistant_confidence_threshold = 0.0  # draft full blocks
     model.generation_config.num_assistant_tokens = 4
-    return model.eval()
+    return model.to(device).eval()
 
 
 def build_pair(family: str = "llama") -> tuple[torch.nn.Module, torch.nn.Module]:
     """(target, draft): the draft is a copy of the target with perturbed weights, so they agree often."""
     target = build_tiny(family, hidden=64, layers=2, seed=0)
-    draft = build_tiny(family, hidden=64, layers=2, seed=0)
+    draft = build_tiny(family, hidden=64, layers=2, seed=0, device=torch.device("cpu"))
     torch.manual_seed(1)
-    with torch.no_grad():
+    with torch.no_grad():  # drawn on the CPU: the same draft whatever the test device
         for param in draft.parameters():
             param.add_(0.05 * param.std() * torch.randn_like(param) if param.numel() > 1 else 0)
-    return target, draft
+    return target, draft.to(DEVICE)
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +85,19 @@ def small_draft_pair():
     return build_tiny("llama", hidden=64, layers=2, seed=0), build_tiny("llama", hidden=32, layers=1, seed=3)
 
 
+def require_data_dir():
+    """The real data folder (``../shared/data`` or ``$HF_DIVERSED_DATA_DIR``), or skip where a machine has none."""
+    from hf_diversed.evaluation.tasks import default_data_dir
+
+    try:
+        return default_data_dir()
+    except FileNotFoundError:
+        pytest.skip("no data folder (set HF_DIVERSED_DATA_DIR)")
+
+
 def prompts(n: int, length: int = 6, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (1, length + i), generator=g) for i in range(n)]
+    return [torch.randint(3, VOCAB, (1, length + i), generator=g).to(DEVICE) for i in range(n)]
 
 
 # A real tokenizer with a chat template, for tests of the task pipelines (bench, distillation).
@@ -122,4 +140,4 @@ def chat_model(tokenizer, seed: int, noise: float = 0.0) -> LlamaForCausalLM:
         with torch.no_grad():
             for param in model.parameters():
                 param.add_(noise * param.std() * torch.randn_like(param) if param.numel() > 1 else 0)
-    return model
+    return model.to(DEVICE)

@@ -16,6 +16,7 @@ with eps chosen for 1e-6.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 
@@ -60,7 +61,7 @@ def pair():
 
 
 def _assert_same(real_tokens, real_stats, result, what: str) -> None:
-    assert torch.equal(real_tokens, result.completion_ids), f"{what}: tokens differ"
+    assert torch.equal(real_tokens.cpu(), result.completion_ids), f"{what}: tokens differ"
     assert real_stats.accepted_per_round == result.stats.accepted_per_round, f"{what}: accepted per round differ"
     for name in ("num_drafted", "num_accepted", "num_rounds", "num_verified"):
         assert getattr(real_stats, name) == getattr(result.stats, name), f"{what}: {name} differs"
@@ -89,6 +90,24 @@ def test_greedy_equals_real_loop(pair, num_tokens, schedule, batch_size):
         i, rule = result.tag
         tokens, stats = _generate(target, draft, ids[i], config, rule, head)
         _assert_same(tokens, stats, result, f"prompt {i}, {rule}, N={num_tokens} {schedule}")
+
+
+def test_draft_on_another_device_than_the_target(pair):
+    """As generate allows, the draft may sit on another device (here the CPU, the target on the test device):
+    the sampler moves each model's inputs and outputs, and draws what generate draws with that split."""
+    target, draft, head = pair
+    cpu_draft = copy.deepcopy(draft).cpu()
+    config = SamplerConfig(max_new_tokens=16, do_sample=False, num_assistant_tokens=3)
+    ids = prompts(2, seed=11)
+    requests = [
+        SampleRequest(p, r, head=head if r == "diversed" else None, tag=(i, r))
+        for i, p in enumerate(ids)
+        for r in RULES
+    ]
+    for result in sample_batched(target, cpu_draft, requests, config, batch_size=4):
+        i, rule = result.tag
+        tokens, stats = _generate(target, cpu_draft, ids[i], config, rule, head)
+        _assert_same(tokens, stats, result, f"prompt {i}, {rule}, draft on the CPU")
 
 
 def test_greedy_equals_real_loop_at_batch_size_one_with_eos(pair):

@@ -143,7 +143,7 @@ def test_batched_sampler_internals():
     assert config.eos_token_id == model.generation_config.eos_token_id
     assert _compat.supports_logits_to_keep(model)
 
-    ids = torch.tensor([[3, 4, 5, 6]])
+    ids = torch.tensor([[3, 4, 5, 6]], device=model.device)
     cache = model(ids, use_cache=True).past_key_values
     _compat.check_batchable_cache(cache, "the model")
     short = model(ids[:, :2], use_cache=True).past_key_values
@@ -152,8 +152,8 @@ def test_batched_sampler_internals():
     assert torch.equal(stacked.layers[0].keys[1:, :, 2:], short.layers[0].keys.expand(2, -1, -1, -1))
     assert stacked.layers[0].keys[1:, :, :2].abs().sum() == 0  # left padding
     # a decode step through the slot cache equals one through the DynamicCache it was built from
-    step = dict(input_ids=torch.tensor([[7]]), use_cache=True)
-    mask = torch.ones(1, 5, dtype=torch.long)
+    step = dict(input_ids=torch.tensor([[7]], device=model.device), use_cache=True)
+    mask = torch.ones(1, 5, dtype=torch.long, device=model.device)
     dynamic = copy.deepcopy(cache)
     slot = _compat.slot_cache([cache], [1])
     a = model(**step, attention_mask=mask, past_key_values=dynamic).logits
@@ -167,9 +167,14 @@ def test_batched_sampler_internals():
     # rows are slots: overwrite one with a prefix (right-aligned), drop and prepend columns, compact
     _compat.cache_write_rows(stacked, [0], short)
     assert torch.equal(stacked.layers[0].keys[0, :, 2:], short.layers[0].keys[0])
-    assert _compat.cache_write_rows(stacked, [2], model(torch.arange(3, 9)[None], use_cache=True).past_key_values) == 2
+    assert (
+        _compat.cache_write_rows(
+            stacked, [2], model(torch.arange(3, 9, device=model.device)[None], use_cache=True).past_key_values
+        )
+        == 2
+    )
     assert stacked.get_seq_length() == 6 and stacked.layers[0].keys[:2, :, :2].abs().sum() == 0
-    _compat.cache_select_rows(stacked, torch.tensor([2, 1]))
+    _compat.cache_select_rows(stacked, torch.tensor([2, 1]))  # a CPU index serves a cache on any device
     _compat.cache_drop_leading(stacked, 2)
     assert stacked.layers[0].keys.shape[:3] == (2, 2, 4) and stacked.get_seq_length() == 4
     assert torch.equal(stacked.layers[0].keys[1, :, 2:], short.layers[0].keys[0])

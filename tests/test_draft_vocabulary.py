@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import build_pair, prompts
+from conftest import build_pair, prompts, require_data_dir
 from test_batched import _chi2_pvalue
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -111,7 +111,7 @@ def test_greedy_sampler_equals_generate_with_a_trimmed_draft():
                 **config.generate_kwargs(),
             )  # fmt: skip
             (result,) = sample_batched(target, draft, [SampleRequest(ids, rule)], config)
-            assert torch.equal(out.sequences[0, ids.shape[1] :], result.completion_ids), rule
+            assert torch.equal(out.sequences[0, ids.shape[1] :].cpu(), result.completion_ids), rule
             assert out.diversed_stats.accepted_per_round == result.stats.accepted_per_round, rule
 
 
@@ -280,6 +280,7 @@ def test_trim_draft_command_counts_a_tasks_train_split_and_corpus_files(tmp_path
 
     from hf_diversed.cli.main import main
 
+    require_data_dir()
     words = ["<s>", "</s>", "<pad>", "the", "of", "and", "he", "she", "dollars", "Python", "def"]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

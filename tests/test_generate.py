@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import EOS, VOCAB, build_pair, build_tiny, prompts
@@ -94,7 +96,7 @@ def test_streamer_receives_output_tokens(llama_pair):
     torch.manual_seed(0)
     out = _run(target, draft, ids, "static:0.5", True, streamer=streamer)
     assert streamer.ended
-    assert torch.equal(torch.cat(streamer.chunks), out.sequences[0])  # prompt first, then each accepted block
+    assert torch.equal(torch.cat(streamer.chunks), out.sequences[0].cpu())  # prompt first, then each accepted block
 
 
 def test_num_assistant_tokens_passed_to_generate_is_honoured(llama_pair):
@@ -174,3 +176,27 @@ def test_errors_name_the_fix(llama_pair, small_draft_pair, tmp_path, monkeypatch
         target.generate(ids, assistant_model=draft, diversed_head="nobody/no-such-head", max_new_tokens=4)
     with pytest.raises(OSError, match="Could not load the DIVERSED head"):
         target.generate(ids, assistant_model=draft, diversed_head=str(tmp_path / "missing"), max_new_tokens=4)
+
+
+def test_bfloat16_pair_runs_every_rule_in_both_loops(llama_pair):
+    """Half-precision weights (what ``--dtype auto`` picks on a GPU): the real loop and the batched sampler both
+    run every rule, and a float32 head (as loaded from the Hub) serves a bfloat16 pair."""
+    from hf_diversed.generation.batched import SamplerConfig, SampleRequest, sample_batched
+
+    target, draft = (copy.deepcopy(model).to(torch.bfloat16) for model in llama_pair)
+    head = DiversedHead.for_models(target, draft, head_hidden_size=8)
+    torch.nn.init.normal_(head.out.weight, std=0.5)
+    ids = prompts(1, seed=3)[0]
+    for rule in RULES:
+        torch.manual_seed(0)
+        s = _run(target, draft, ids, rule, True, head=head, bad_words_ids=[[EOS]]).diversed_stats
+        assert 0 < s.num_accepted + s.num_rounds and 0.0 <= s.mean_weight <= 1.0, rule
+    config = SamplerConfig(max_new_tokens=12, eos_token_id=EOS)
+    requests = [
+        SampleRequest(ids, rule, head=head if rule == "diversed" else None, seed=i) for i, rule in enumerate(RULES)
+    ]
+    results = sorted(sample_batched(target, draft, requests, config, batch_size=4), key=lambda r: r.index)
+    assert [r.request.rule for r in results] == RULES
+    for r in results:
+        assert r.completion_ids.numel() <= 12 and ((r.completion_ids >= 0) & (r.completion_ids < VOCAB)).all()
+        assert 0.0 <= r.stats.mean_weight <= 1.0

@@ -112,8 +112,9 @@ def test_offline_hub_cache_round_trip(tmp_path):
         auto = AutoModel.from_pretrained("org/head-test")
         assert torch.equal(auto(*_inputs()).weight, expected)
         target, draft = build_tiny("llama", 64, 1, 0), build_tiny("llama", 32, 1, 1)
-        out = target.generate(torch.tensor([[5, 6, 7]]), assistant_model=draft, diversed_head="org/head-test",
-                              max_new_tokens=5, return_dict_in_generate=True)
+        ids = torch.tensor([[5, 6, 7]], device=target.device)
+        out = target.generate(ids, assistant_model=draft, diversed_head="org/head-test", max_new_tokens=5,
+                              return_dict_in_generate=True)
         assert out.diversed_stats.num_rounds > 0
         print("OK")
         """

@@ -169,7 +169,7 @@ def test_first_drafted_token_follows_once_tempered_draft(pair):
             pad_token_id=EOS,
         )
         first.append(int(out[0, ids.shape[1]]))
-    counts = torch.bincount(torch.tensor(first), minlength=logits.shape[-1]).double() / num
+    counts = torch.bincount(torch.tensor(first, device=logits.device), minlength=logits.shape[-1]).double() / num
     freq = buckets(counts)
     assert (freq - law.double()).abs().max() <= tolerance, (freq, law, law_twice)
 

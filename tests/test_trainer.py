@@ -13,11 +13,11 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import EOS, build_tiny, chat_model, chat_tokenizer, prompts
+from conftest import EOS, build_tiny, chat_model, chat_tokenizer, prompts, require_data_dir
 from safetensors.torch import load_file
 
 from hf_diversed import DiversedHeadConfig
-from hf_diversed.modeling.modeling_diversed_head import DiversedHead
+from hf_diversed.modeling.modeling_diversed_head import DiversedHead, position_weights
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
 from hf_diversed.trainer.curves import CURVES_FILE, load_history
 from hf_diversed.trainer.imitation import fit_head_to_weights, roc_auc
@@ -68,11 +68,11 @@ def _trust_draft_reward(target, draft):
             if not completion:
                 out.append(0.0)
                 continue
-            ids = torch.tensor([list(prompt) + list(completion)])
+            ids = torch.tensor([list(prompt) + list(completion)], device=target.device)
             with torch.no_grad():
                 lp = target(ids).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
                 lq = draft(ids).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
-            y = torch.tensor(completion).view(-1, 1)
+            y = torch.tensor(completion, device=target.device).view(-1, 1)
             out.append(float((lq.gather(-1, y) - lp.gather(-1, y)).mean()))
         return out
 
@@ -84,7 +84,7 @@ def _params(model):
 
 
 def _same(a, b) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return a.keys() == b.keys() and all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
 
 
 def test_regularizer_sign_pushes_w_down():
@@ -106,8 +106,7 @@ def test_rollout_trace_matches_head(pair):
     assert r.h_draft.shape == (r.num_tokens, 32) and r.h_target.shape == (r.num_tokens, 64)
     # drafted positions only: never more than the verified ones, never the bonus tokens
     assert 0 < r.num_tokens <= min(r.stats.num_verified, r.completion_ids.numel())
-    w = head(r.h_draft[None], r.h_target[None]).weight[0]
-    torch.testing.assert_close(w, r.w_old)
+    torch.testing.assert_close(position_weights(head, r.h_draft, r.h_target), r.w_old)
     assert ((r.p_y > 0) & (r.q_y > 0) & (r.tv >= 0) & (r.tv <= 1)).all()
 
 
@@ -293,11 +292,11 @@ def test_steps_per_generation_draws_a_block_with_one_head(pair, tmp_path):
     for step, batch, head_now in drawn:
         drew = drawn[step - step % 2][2]  # the head at the block's first step
         for rollout in batch:
-            w = head_now(draft_hidden_states=rollout.h_draft[None], target_hidden_states=rollout.h_target[None])
-            w_drew = drew(draft_hidden_states=rollout.h_draft[None], target_hidden_states=rollout.h_target[None])
-            assert torch.allclose(rollout.w_old, w_drew.weight[0].detach(), atol=1e-6)
+            w = position_weights(head_now, rollout.h_draft, rollout.h_target).detach()
+            w_drew = position_weights(drew, rollout.h_draft, rollout.h_target).detach()
+            assert torch.allclose(rollout.w_old, w_drew, atol=1e-6)
             if step % 2:  # one update later the head has moved: these rollouts are off-policy
-                assert not torch.allclose(rollout.w_old, w.weight[0].detach(), atol=1e-4)
+                assert not torch.allclose(rollout.w_old, w, atol=1e-4)
     resumed, _, _ = make("k2b", 2, save_steps=2)
     resumed.train(resume_from_checkpoint=tmp_path / "k2" / "out" / "checkpoint-2")
     assert resumed.history == blocked.history
@@ -631,6 +630,7 @@ def test_cli_parses_recipe_with_overrides(recipe, monkeypatch):
 def test_full_size_recipe_parses_and_validates(recipe_name, monkeypatch):
     """The paper-budget recipes: 800 rollouts, blocks of 8 steps, exact resume, evaluation rows never trained on
     (and, for GSM8K, outside Table 1's test rows 0-149)."""
+    require_data_dir()
     monkeypatch.syspath_prepend(str(ROOT / "training"))
     import train
 
@@ -683,7 +683,12 @@ def test_two_processes_keep_heads_identical(tmp_path):
     # Accelerator(cpu=True) turns them into a gloo MULTI_CPU group on a machine without GPUs.
     cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2"]
     cmd.append(str(script))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_DIVERSED_TEST_DEVICE": "cpu",
+    }  # CPU ranks anywhere
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")

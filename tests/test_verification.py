@@ -216,7 +216,7 @@ def test_token_class_from_a_tokenizer_and_as_a_generate_argument(llama_pair):
         TokenClassEnsemble.from_tokenizer(tokenizer, "vowels")
 
     target, draft = llama_pair  # vocabulary 128: the chat tokenizer's first 128 ids stand in
-    ids = torch.tensor([[5, 17, 42, 9]])
+    ids = torch.tensor([[5, 17, 42, 9]], device=target.device)
     small = TokenClassEnsemble(frozenset(i for i in rule.token_ids if i < 128) or frozenset({3}), 0.1)
     out = target.generate(
         ids, assistant_model=draft, diversed_verifier=small, max_new_tokens=12, do_sample=False,

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from trl import TrlParser
 
+from hf_diversed.modeling.modeling_diversed_head import position_weights
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
 
 
@@ -66,7 +67,7 @@ def _features(blocks) -> tuple[torch.Tensor, torch.Tensor]:
 def _weights(trainer: DiversedTrainer, h_draft: torch.Tensor, h_target: torch.Tensor) -> torch.Tensor:
     head = trainer.accelerator.unwrap_model(trainer.head)
     with torch.no_grad():
-        return head(draft_hidden_states=h_draft[None], target_hidden_states=h_target[None]).weight[0]
+        return position_weights(head, h_draft, h_target)
 
 
 def draw_block(

@@ -245,6 +245,7 @@ class SlotLayer(DynamicLayer):
         return self.keys, self.values
 
     def select_rows(self, index: torch.Tensor) -> None:
+        index = index.to(self.keys.device)
         self._reallocate(self.keys.index_select(0, index), self.values.index_select(0, index), 0, self.room)
 
     def add_rows(self, n: int) -> None:

@@ -218,20 +218,23 @@ def _uniforms(rows: list[_Row]) -> torch.Tensor:
 class _Model:
     """One model of the pair over the batch: its cache, and one-token forwards that also read the LM-head input."""
 
-    def __init__(self, model, name: str):
+    def __init__(self, model, name: str, device: torch.device):
         self.model = model
         self.name = name
+        self.device = device  # where the sampler keeps logits and hidden states: the target's device
         self.recorder = LastHiddenStateRecorder(model)
         self.cache = None
         self.keep = _compat.supports_logits_to_keep(model)
 
     def _run(self, **inputs) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        # generate allows a draft on another device than the target's; so does the sampler
+        inputs = {name: x.to(self.model.device) if isinstance(x, torch.Tensor) else x for name, x in inputs.items()}
         if self.keep:
             inputs["logits_to_keep"] = 1
         with self.recorder:
             out = self.model(**inputs, use_cache=True)
-        hidden = self.recorder.states[-1][:, -1]
-        return out.past_key_values, out.logits[:, -1].float(), hidden
+        hidden = self.recorder.states[-1][:, -1].to(self.device)
+        return out.past_key_values, out.logits[:, -1].to(self.device, torch.float32), hidden
 
     def prefill(self, ids: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor]:
         cache, logits, hidden = self._run(input_ids=ids, attention_mask=torch.ones_like(ids))
@@ -273,9 +276,9 @@ class _Sampler:
         self.config = config
         self.batch_size = batch_size
         self.return_trace = return_trace
-        self.target = _Model(target, "the target")
-        self.draft = _Model(draft, "the draft")
         self.device = target.device
+        self.target = _Model(target, "the target", self.device)
+        self.draft = _Model(draft, "the draft", self.device)
         processors, gen_config = _compat.generation_logits_processors(target, **config.generate_kwargs())
         names = [type(p).__name__ for p in processors]
         unsupported = [n for n in names if n not in _ROW_LOCAL_PROCESSORS]

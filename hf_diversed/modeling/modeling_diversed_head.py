@@ -107,3 +107,13 @@ class DiversedHead(PreTrainedModel):
             **config_kwargs,
         )
         return cls(config)
+
+
+def position_weights(head: nn.Module, h_draft: torch.Tensor, h_target: torch.Tensor) -> torch.Tensor:
+    """w_t at n positions given as rows, h_draft (n, D_draft) and h_target (n, D_target) -> (n,).
+
+    Computed where ``head`` lives (a wrapped head too, e.g. by DistributedDataParallel) and returned on the
+    features' device: rollout traces stay on the CPU while the head may sit on an accelerator."""
+    device = next(head.parameters()).device
+    w = head(draft_hidden_states=h_draft[None].to(device), target_hidden_states=h_target[None].to(device)).weight[0]
+    return w.to(h_draft.device)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..modeling.modeling_diversed_head import position_weights
 from .imitation import roc_auc
 
 __all__ = ["head_diagnostics", "reward_push"]
@@ -41,7 +42,7 @@ def head_diagnostics(head, rollouts: Sequence, rule=None) -> dict[str, float | N
     h_target = torch.cat([r.h_target for r in rollouts])
     tv = torch.cat([r.tv for r in rollouts]).double()
     with torch.no_grad():
-        w = head(draft_hidden_states=h_draft[None], target_hidden_states=h_target[None]).weight[0].double()
+        w = position_weights(head, h_draft, h_target).double()
     out: dict[str, float | None] = {
         "positions": int(w.numel()),
         "mean_w": _mean(w),

@@ -18,7 +18,7 @@ import torch
 
 from ..modeling.hub import push_head_folder, write_custom_generate
 from ..modeling.model_card import render_head_card
-from ..modeling.modeling_diversed_head import DiversedHead
+from ..modeling.modeling_diversed_head import DiversedHead, position_weights
 from .curves import CURVES_FILE, plot_learning_curves
 from .diversed_config import DiversedTrainerConfig
 from .rollout import Rollout, collect_rollouts
@@ -103,10 +103,6 @@ def _fingerprint(model: torch.nn.Module) -> list[tuple[str, float, float]]:
             (n, float(torch.sum(p, dtype=torch.float64)), float(torch.linalg.vector_norm(p, dtype=torch.float64)))
             for n, p in model.named_parameters()
         ]
-
-
-def _batched_head(head, h_draft: torch.Tensor, h_target: torch.Tensor) -> torch.Tensor:
-    return head(draft_hidden_states=h_draft.unsqueeze(0), target_hidden_states=h_target.unsqueeze(0)).weight[0]
 
 
 def _load_init_head(config: DiversedTrainerConfig) -> DiversedHead:
@@ -403,7 +399,7 @@ class DiversedTrainer:
         h_d, h_t, p_y, q_y, tv, w_old = (x.to(device) for x in (h_d, h_t, p_y, q_y, tv, w_old))
 
         with torch.no_grad():
-            w_ref = _batched_head(self.ref_head.to(device), h_d, h_t)
+            w_ref = position_weights(self.ref_head.to(device), h_d, h_t)
             eps = torch.finfo(torch.float32).tiny
             log_ratio = (
                 mixture_prob(w_old, p_y, q_y).clamp_min(eps).log() - mixture_prob(w_ref, p_y, q_y).clamp_min(eps).log()
@@ -415,7 +411,7 @@ class DiversedTrainer:
 
         losses, parts = [], {}
         for _ in range(cfg.ppo_epochs):
-            w = _batched_head(self.head, h_d, h_t)
+            w = position_weights(self.head, h_d, h_t)
             loss, parts = diversed_policy_loss(
                 w, w_old, p_y, q_y, tv, token_adv, clip_eps=cfg.clip_eps, acceptance_coef=cfg.acceptance_coef
             )

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..modeling.modeling_diversed_head import DiversedHead
+from ..modeling.modeling_diversed_head import DiversedHead, position_weights
 
 __all__ = ["fit_head_to_weights", "roc_auc"]
 
@@ -91,7 +91,7 @@ def fit_head_to_weights(
     index = torch.nonzero(fit).squeeze(1)
     for _ in range(steps):
         batch = index[torch.randperm(len(index), generator=generator)[:batch_size]]
-        w = head(draft_hidden_states=h_draft[batch][None], target_hidden_states=h_target[batch][None]).weight[0]
+        w = position_weights(head, h_draft[batch], h_target[batch])
         w = w.clamp(1e-6, 1 - 1e-6)
         t = target_w[batch]
         loss = -(t * w.log() + (1 - t) * (1 - w).log()).mean()
@@ -100,7 +100,7 @@ def fit_head_to_weights(
         optimizer.zero_grad()
     head.eval()
     with torch.no_grad():
-        w = head(draft_hidden_states=h_draft[None], target_hidden_states=h_target[None]).weight[0]
+        w = position_weights(head, h_draft, h_target)
     out = {"fit": {"positions": int(fit.sum()), **_metrics(w[fit], target_w[fit])}}
     if bool(held.any()):
         out["held_out"] = {"positions": int(held.sum()), **_metrics(w[held], target_w[held])}
