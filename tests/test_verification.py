@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_diversed import Diversed, ExactSD, LossySD, SpecCascade, StaticEnsemble, TokenClassEnsemble, parse_rule
-from hf_diversed.generation.verification import total_variation
+from hf_diversed.generation.verification import parse_token_class_rule, total_variation
 
 V, N, EPS, ACC_EPS = 8, 200_000, 0.007, 0.006
 
@@ -208,6 +208,9 @@ def test_token_class_from_a_tokenizer_and_as_a_generate_argument(llama_pair):
     assert rule.token_ids == {i for i in range(len(tokenizer)) if any(c.isdigit() for c in tokenizer.decode([i]))}
     assert rule.spec() == "token-class:digits:0.1" and len(rule.token_ids) >= 10
     assert parse_rule("token-class:digits", tokenizer=tokenizer).weight == 0.0
+    assert parse_token_class_rule("token-class:digits:0.1", tokenizer) == rule
+    with pytest.raises(ValueError, match="Expected a token-class rule"):
+        parse_token_class_rule("static:0.5", tokenizer)
     with pytest.raises(ValueError, match="tokenizer="):
         parse_rule("token-class:digits:0")
     with pytest.raises(ValueError, match="unknown token class"):

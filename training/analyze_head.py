@@ -54,11 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers import AutoTokenizer
 
         from hf_diversed.evaluation.real_models import resolve_model
-        from hf_diversed.generation.verification import TokenClassEnsemble, parse_rule
+        from hf_diversed.generation.verification import parse_token_class_rule
 
-        rule = parse_rule(args.rule, tokenizer=AutoTokenizer.from_pretrained(resolve_model(args.target)))
-        if not isinstance(rule, TokenClassEnsemble):
-            raise SystemExit(f"--rule must be a token-class rule such as token-class:digits:0, got {args.rule!r}.")
+        rule = parse_token_class_rule(args.rule, AutoTokenizer.from_pretrained(resolve_model(args.target)))
     rollouts = load_rollouts(args.rollouts_cache)
     results = {name: head_diagnostics(load_head(name), rollouts, rule) for name in args.heads.split(",") if name}
     if args.output:

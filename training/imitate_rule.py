@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from trl import TrlParser
 
-from hf_diversed.generation.verification import TokenClassEnsemble, parse_rule
+from hf_diversed.generation.verification import TokenClassEnsemble, parse_token_class_rule
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer.imitation import fit_head_to_weights
 from hf_diversed.trainer.rollout import load_rollouts
@@ -69,9 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     (args,) = TrlParser((ImitationArguments,)).parse_args_and_config(list(sys.argv[1:] if argv is None else argv))
     target_path, draft_path = resolve_model(args.target), resolve_model(args.draft)
-    rule = parse_rule(args.rule, tokenizer=AutoTokenizer.from_pretrained(target_path))
-    if not isinstance(rule, TokenClassEnsemble):
-        raise SystemExit(f"--rule must be a token-class rule such as token-class:digits:0, got {args.rule!r}.")
+    rule = parse_token_class_rule(args.rule, AutoTokenizer.from_pretrained(target_path))
     rollouts = load_rollouts(args.rollouts_cache)
     if not 0 <= args.margin < 0.5:
         raise SystemExit(f"--margin must be in [0, 0.5), got {args.margin}.")

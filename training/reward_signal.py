@@ -59,13 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hf_diversed.evaluation.real_models import resolve_model
     from hf_diversed.evaluation.tasks import get_task
-    from hf_diversed.generation.verification import TokenClassEnsemble, parse_rule
+    from hf_diversed.generation.verification import parse_token_class_rule
 
     (args,) = TrlParser((SignalArguments,)).parse_args_and_config(list(sys.argv[1:] if argv is None else argv))
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.target))
-    rule = parse_rule(args.rule, tokenizer=tokenizer)
-    if not isinstance(rule, TokenClassEnsemble):
-        raise SystemExit(f"--rule must be a token-class rule such as token-class:digits:0, got {args.rule!r}.")
+    rule = parse_token_class_rule(args.rule, tokenizer)
     blocks = torch.load(args.rollouts_cache, weights_only=False)
     if not blocks or not isinstance(blocks[0], tuple):
         raise SystemExit(

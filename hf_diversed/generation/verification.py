@@ -466,3 +466,11 @@ def parse_rule(spec: str | VerificationRule, tokenizer=None) -> VerificationRule
     if name == "cascade" and number is not None:
         return SpecCascade(variant or "opt", number)
     raise ValueError(f"Unknown verification rule {spec!r}. {hint}")
+
+
+def parse_token_class_rule(spec: str, tokenizer) -> TokenClassEnsemble:
+    """:func:`parse_rule` where only a token-class rule makes sense (the head diagnostics compare a head with one)."""
+    rule = parse_rule(spec, tokenizer=tokenizer)
+    if not isinstance(rule, TokenClassEnsemble):
+        raise ValueError(f"Expected a token-class rule such as 'token-class:digits:0', got {spec!r}.")
+    return rule
