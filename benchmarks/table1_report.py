@@ -172,6 +172,20 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     return rows, [line], costs
 
 
+def _in_progress(rows: list[dict]) -> str:
+    """A warning while methods have different numbers of examples: the sampler records a sequence when it ends, so
+    short completions (more often right on GSM8K) come in first, and a method added later looks better than it is."""
+    counts = {r["n"] for r in rows}
+    if len(counts) <= 1:
+        return ""
+    return (
+        f" **In progress:** methods have {min(counts)}–{max(counts)} examples so far, and short completions are "
+        "recorded first, so a method's row (and any pairing over the examples it has) leans towards the problems it "
+        "answered briefly; until the run completes, compare methods in the frontier comparison below, which uses "
+        "only the examples every method has finished."
+    )
+
+
 def task_section(task: str, out_dir: Path) -> list[str]:
     records = bench.load_records(out_dir / bench.RESULTS_FILE)
     if not records:
@@ -189,7 +203,8 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         f"{len(records)} records in `{out_dir.relative_to(ROOT)}/results.jsonl`; CPU {capabilities}; dtype "
         f"{', '.join(sorted({str(r['dtype']) for r in records}))}; max new tokens "
         f"{', '.join(sorted({str(r['max_new_tokens']) for r in records}))}. Quality and acceptance come from the "
-        "batched law-exact sampler; exact SD has the target's law, so its row is the target alone's quality.",
+        "batched law-exact sampler; exact SD has the target's law, so its row is the target alone's quality."
+        + _in_progress(rows),
         "",
         "| T | method | N | n | quality ×100 [95% CI] | Δ vs target [95% CI] | acceptance | per position | "
         "tokens/round τ | mean w | cut at max | τ model (v=1) | i.i.d. model (v=1) | real speedup (n timed) | "

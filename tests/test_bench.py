@@ -514,3 +514,16 @@ def test_table1_report_sets_each_head_beside_each_token_class_rule(monkeypatch):
         ["| diversed@b", "token-class:digits:0"], ["| diversed@b", "token-class:digits:0.3"],
     ]  # fmt: skip
     assert table1_report.baseline_section(records[: len(rules)]) == []  # no head
+
+
+def test_records_name_a_local_model_by_its_path_inside_the_working_directory(tmp_path, monkeypatch):
+    """Records keyed by a head directory stay valid in any clone of a repository run from its root."""
+    from hf_diversed.evaluation.bench.config import _canonical_model
+
+    repo, outside = tmp_path / "repo", tmp_path / "elsewhere"
+    (repo / "docs" / "head").mkdir(parents=True)
+    outside.mkdir()
+    monkeypatch.chdir(repo)
+    assert _canonical_model("docs/head") == _canonical_model(str(repo / "docs" / "head")) == "docs/head"
+    assert _canonical_model(str(outside)) == str(outside.resolve())
+    assert _canonical_model("qwen2.5-coder-1.5b-instruct") == "qwen2.5-coder-1.5b-instruct"

@@ -167,11 +167,18 @@ def expand_methods(
 
 
 def _canonical_model(name: str) -> str:
-    """A stable model name for the records: the spec name for built-in models, an absolute path for dirs."""
+    """A stable model name for the records: the spec name for built-in models; for a directory, its path relative to
+    the working directory when it lies inside it (records committed with a repository stay valid in any clone run
+    from its root), else its absolute path."""
     from ..real_models import RealModelError, get_spec
 
     if os.path.exists(name):
-        return str(Path(name).resolve())
+        path = Path(name).resolve()
+        return (
+            path.relative_to(Path.cwd().resolve()).as_posix()
+            if path.is_relative_to(Path.cwd().resolve())
+            else str(path)
+        )
     try:
         return get_spec(name).name
     except RealModelError:
