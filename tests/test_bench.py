@@ -527,3 +527,21 @@ def test_records_name_a_local_model_by_its_path_inside_the_working_directory(tmp
     assert _canonical_model("docs/head") == _canonical_model(str(repo / "docs" / "head")) == "docs/head"
     assert _canonical_model(str(outside)) == str(outside.resolve())
     assert _canonical_model("qwen2.5-coder-1.5b-instruct") == "qwen2.5-coder-1.5b-instruct"
+
+
+def test_random_weights_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch, capsys):
+    """benchmarks/bench_random_weights.py (the real pair's shapes where its weights cannot go), on tiny shapes."""
+    import runpy
+
+    config = chat_model(chat_tokenizer(["tiny"]), seed=0).config.to_dict()
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    out = tmp_path / "out.json"
+    script = Path(__file__).parent.parent / "benchmarks" / "bench_random_weights.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--target-config", str(tmp_path / "tiny.json"), "--draft-config",
+                                      str(tmp_path / "tiny.json"), "--device", "cpu", "--dtype", "float32",
+                                      "--batch-sizes", "2,4", "--max-new-tokens", "3", "--prompt-tokens", "5",
+                                      "--rules-per-prompt", "2", "--output", str(out)])  # fmt: skip
+    runpy.run_path(str(script), run_name="__main__")
+    record = json.loads(out.read_text())
+    assert [r["B"] for r in record["sampler"]] == [2, 4] and all(r["tokens"] > 0 for r in record["sampler"])
+    assert record["costs"]["c"] > 0 and "| 4 |" in capsys.readouterr().out

@@ -1,0 +1,119 @@
+"""The real pair's speed where its weights cannot go: the same architectures with random weights.
+
+What one position costs depends on the shapes, not on the weights' values, so a model built from the real
+``config.json`` (``benchmarks/configs/``) with random weights decodes as fast as the real one. On a machine the
+weights cannot reach (a lent GPU machine takes 64 MiB), this measures:
+
+- the speed model's costs: c (draft / target seconds per token of plain greedy ``generate`` at batch 1) and v (one
+  target forward over N + 1 tokens / over 1 token), exactly as ``hf-diversed bench`` measures them;
+- the batched sampler's throughput at each batch size: B rows (``--rules-per-prompt`` rules sharing each prompt's
+  prefill, as in an evaluation), ``--max-new-tokens`` tokens each.
+
+Acceptance and quality need the real weights; combine these costs with τ measured on the real pair
+(``docs/results.md``): speedup = τ / (N·c + v).
+
+    python benchmarks/bench_random_weights.py --device cuda --dtype bfloat16 --batch-sizes 32,128,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from hf_diversed.evaluation.bench.costs import measure_costs
+from hf_diversed.generation.batched import SamplerConfig, SampleRequest, sample_batched
+from hf_diversed.modeling.dtypes import cpu_capability
+
+CONFIGS = Path(__file__).parent / "configs"
+RULES = ["exact", "static:0", "static:0.1", "static:0.3", "static:0.5", "static:0.7", "static:0.9", "lossy:0.5"]
+
+
+def build(config_file: Path, device: torch.device, dtype: torch.dtype, seed: int):
+    """A causal LM of ``config_file``'s architecture with random weights, initialised on ``device``."""
+    config = AutoConfig.for_model(**json.loads(config_file.read_text()))
+    torch.manual_seed(seed)
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.assistant_confidence_threshold = 0.0
+    return model.eval()
+
+
+def _ordinary_ids(model) -> tuple[int, int]:
+    """A range of token ids clear of the special tokens at either end of the vocabulary."""
+    vocab = model.config.vocab_size
+    return vocab // 100, vocab // 2
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sampler_throughput(target, draft, batch: int, args, device: torch.device) -> dict:
+    """One wave of ``batch`` rows: seconds, new tokens and tokens/s end to end (prefill included)."""
+    per_prompt = min(args.rules_per_prompt, len(RULES))
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(*_ordinary_ids(target), (1, args.prompt_tokens), generator=g) for _ in range(batch)]
+    requests = [
+        SampleRequest(prompts[i // per_prompt], RULES[i % per_prompt], seed=i) for i in range(batch)
+    ]  # fmt: skip
+    config = SamplerConfig(max_new_tokens=args.max_new_tokens, num_assistant_tokens=args.num_assistant_tokens)
+    _synchronize(device)
+    start = time.perf_counter()
+    tokens = sum(r.completion_ids.numel() for r in sample_batched(target, draft, requests, config, batch_size=batch))
+    _synchronize(device)
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {"B": batch, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "peak_gib": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target-config", type=Path, default=CONFIGS / "qwen2.5-coder-1.5b-instruct.json")
+    parser.add_argument("--draft-config", type=Path, default=CONFIGS / "qwen2.5-coder-0.5b-instruct.json")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--batch-sizes", default="32,128")
+    parser.add_argument("--prompt-tokens", type=int, default=130, help="about a GSM8K chat prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--rules-per-prompt", type=int, default=8)
+    parser.add_argument("--num-assistant-tokens", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument("--output", type=Path, default=None, help="also write the results as JSON here")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    target = build(args.target_config, device, dtype, seed=0)
+    draft = build(args.draft_config, device, dtype, seed=1)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU {cpu_capability()}"
+    print(f"{where}; {args.dtype}; torch {torch.__version__}; threads {torch.get_num_threads()}")
+
+    prompt = torch.randint(*_ordinary_ids(target), (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
+    costs = measure_costs(target, draft, prompt.to(device), [args.num_assistant_tokens])
+    v = costs["v"][str(args.num_assistant_tokens)]
+    print(
+        f"\ntarget {costs['target_seconds_per_token'] * 1e3:.2f} ms/token, draft "
+        f"{costs['draft_seconds_per_token'] * 1e3:.2f} ms/token: c = {costs['c']:.3f}, v = {v:.2f} "
+        f"(N = {args.num_assistant_tokens}); speedup = τ / ({args.num_assistant_tokens}·c + v) = "
+        f"τ / {args.num_assistant_tokens * costs['c'] + v:.2f}\n"
+    )
+    rows = [sampler_throughput(target, draft, int(b), args, device) for b in args.batch_sizes.split(",")]
+    print("| B | new tokens | seconds | tok/s (prefill included) | peak GPU memory GiB |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+        print(f"| {r['B']} | {r['tokens']} | {r['seconds']:.1f} | {r['tok_s']:.0f} | {peak} |")
+    if args.output:
+        record = {"device": where, "dtype": args.dtype, "torch": torch.__version__, "costs": costs, "sampler": rows,
+                  "arguments": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
+        args.output.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
