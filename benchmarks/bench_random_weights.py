@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_diversed.evaluation.bench.costs import measure_costs
+from hf_diversed.evaluation.bench.costs import measure_costs, synchronize
 from hf_diversed.generation.batched import SamplerConfig, SampleRequest, sample_batched
 from hf_diversed.modeling.dtypes import cpu_capability
 
@@ -49,11 +49,6 @@ def _ordinary_ids(model) -> tuple[int, int]:
     return vocab // 100, vocab // 2
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def sampler_throughput(target, draft, batch: int, args, device: torch.device) -> dict:
     """One wave of ``batch`` rows: seconds, new tokens and tokens/s end to end (prefill included)."""
     per_prompt = min(args.rules_per_prompt, len(RULES))
@@ -63,10 +58,10 @@ def sampler_throughput(target, draft, batch: int, args, device: torch.device) ->
         SampleRequest(prompts[i // per_prompt], RULES[i % per_prompt], seed=i) for i in range(batch)
     ]  # fmt: skip
     config = SamplerConfig(max_new_tokens=args.max_new_tokens, num_assistant_tokens=args.num_assistant_tokens)
-    _synchronize(device)
+    synchronize()
     start = time.perf_counter()
     tokens = sum(r.completion_ids.numel() for r in sample_batched(target, draft, requests, config, batch_size=batch))
-    _synchronize(device)
+    synchronize()
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {"B": batch, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "peak_gib": peak}

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import chat_model, chat_tokenizer
+from conftest import chat_model, chat_tokenizer, require_data_dir
 from transformers import LlamaForCausalLM
 
 from hf_diversed import DiversedHead
 from hf_diversed.evaluation import bench
-from hf_diversed.evaluation.tasks import default_data_dir
 
 METHODS = ["ar", "exact", "lossy:0.5", "cascade-opt:0.2", "diversed", "static:0.3", "static:0.7"]
 
@@ -25,10 +24,7 @@ METHODS = ["ar", "exact", "lossy:0.5", "cascade-opt:0.2", "diversed", "static:0.
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Tiny target/draft/head on disk and a 3-row slice of GSM8K and MBPP test."""
-    try:
-        source = default_data_dir()
-    except FileNotFoundError:
-        pytest.skip("no data folder (set HF_DIVERSED_DATA_DIR)")
+    source = require_data_dir()
     root = tmp_path_factory.mktemp("bench")
     data = root / "data"
     texts = []

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import chat_model, chat_tokenizer
+from conftest import chat_model, chat_tokenizer, require_data_dir
 from transformers import LlamaForCausalLM
 
-from hf_diversed.evaluation.tasks import default_data_dir
 from hf_diversed.trainer import DraftDistillConfig, build_distill_dataset, distill_draft
 
 pytest.importorskip("peft")
@@ -53,10 +52,7 @@ def _mean_kl(target, student, sequences) -> float:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Tiny target/draft on disk, 4 GSM8K train rows, and one distillation run of 12 steps."""
-    try:
-        source = default_data_dir() / "gsm8k" / "train.jsonl"
-    except FileNotFoundError:
-        pytest.skip("no data folder (set HF_DIVERSED_DATA_DIR)")
+    source = require_data_dir() / "gsm8k" / "train.jsonl"
     if not source.is_file():
         pytest.skip(f"{source} missing")
     root = tmp_path_factory.mktemp("distill")

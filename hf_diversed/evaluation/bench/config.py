@@ -173,12 +173,8 @@ def _canonical_model(name: str) -> str:
     from ..real_models import RealModelError, get_spec
 
     if os.path.exists(name):
-        path = Path(name).resolve()
-        return (
-            path.relative_to(Path.cwd().resolve()).as_posix()
-            if path.is_relative_to(Path.cwd().resolve())
-            else str(path)
-        )
+        path, cwd = Path(name).resolve(), Path.cwd().resolve()
+        return path.relative_to(cwd).as_posix() if path.is_relative_to(cwd) else str(path)
     try:
         return get_spec(name).name
     except RealModelError:

@@ -34,7 +34,7 @@ def tau_speedup(tau: float | None, gamma: int, c: float | None, v: float = 1.0) 
     return tau / (gamma * c + v)
 
 
-def _synchronize() -> None:
+def synchronize() -> None:
     """Wait for queued accelerator work, so a wall-clock timer measures the compute, not the kernel launches."""
     import torch
 
@@ -45,10 +45,10 @@ def _synchronize() -> None:
 def _median_time(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        _synchronize()
+        synchronize()
         start = time.perf_counter()
         fn()
-        _synchronize()
+        synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
