@@ -541,3 +541,23 @@ def test_random_weights_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch, ca
     record = json.loads(out.read_text())
     assert [r["B"] for r in record["sampler"]] == [2, 4] and all(r["tokens"] > 0 for r in record["sampler"])
     assert record["costs"]["c"] > 0 and "| 4 |" in capsys.readouterr().out
+
+
+def test_grouped_attention_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch, capsys):
+    """benchmarks/bench_grouped_attention.py (key/value head copies against grouped attention), on tiny shapes:
+    both ways emit the same tokens."""
+    import runpy
+
+    config = chat_model(chat_tokenizer(["tiny"]), seed=0).config.to_dict()
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    out = tmp_path / "out.json"
+    script = Path(__file__).parent.parent / "benchmarks" / "bench_grouped_attention.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--target-config", str(tmp_path / "tiny.json"), "--draft-config",
+                                      str(tmp_path / "tiny.json"), "--lengths", "8,16", "--repeats", "1",
+                                      "--prompts", "2", "--prompt-tokens", "5", "--max-new-tokens", "6",
+                                      "--output", str(out)])  # fmt: skip
+    runpy.run_path(str(script), run_name="__main__")
+    record = json.loads(out.read_text())
+    assert [r["L"] for r in record["forwards"]] == [8, 16] and all(r["verify_grouped"] > 0 for r in record["forwards"])
+    assert record["generate"]["identical_tokens"] is True and record["generate"]["tokens"] > 0
+    assert "| 16 |" in capsys.readouterr().out

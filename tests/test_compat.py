@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 import transformers
-from conftest import build_tiny
+from conftest import DEVICE, build_tiny, prompts
 from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper
 
 from hf_diversed.generation import _compat
@@ -180,3 +180,52 @@ def test_batched_sampler_internals():
     assert torch.equal(stacked.layers[0].keys[1, :, 2:], short.layers[0].keys[0])
     _compat.cache_add_rows(stacked, 1)
     assert stacked.layers[0].keys.shape[:3] == (3, 2, 4) and stacked.layers[0].keys[2].abs().sum() == 0
+
+
+def test_grouped_attention_on_cpu_is_scoped_to_its_block():
+    """Inside the block, CPU attention with a mask attends grouped key/value heads in place; outside it, and on
+    other devices, transformers decides as before."""
+    from transformers.integrations import sdpa_attention
+
+    key = value = torch.zeros(1, 2, 5, 8)
+    mask = torch.ones(1, 1, 3, 5, dtype=torch.bool)
+    assert sdpa_attention.use_gqa_in_sdpa.__hf_diversed_original__ is _compat.original_use_gqa_in_sdpa
+    assert sdpa_attention.use_gqa_in_sdpa(mask, key, value) is _compat.original_use_gqa_in_sdpa(mask, key, value)
+    assert sdpa_attention.use_gqa_in_sdpa(mask, key, value) is False  # transformers copies the heads
+    with _compat.grouped_attention_on_cpu():
+        assert sdpa_attention.use_gqa_in_sdpa(mask, key, value) is True
+        if torch.cuda.is_available():
+            on_gpu = key.cuda()
+            assert sdpa_attention.use_gqa_in_sdpa(mask, on_gpu, on_gpu) is False
+    assert sdpa_attention.use_gqa_in_sdpa(mask, key, value) is False
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="grouped attention in place is a CPU path")
+def test_diversed_generate_verifies_without_copying_key_value_heads(llama_pair, monkeypatch):
+    """A DIVERSED generate on CPU never calls transformers' ``repeat_kv`` (its verification forwards have a mask
+    and N + 1 query positions), and emits the same tokens as with the copies."""
+    from transformers.integrations import sdpa_attention
+
+    target, draft = llama_pair
+    prompt = prompts(1, length=30)[0]
+
+    def run() -> torch.Tensor:
+        torch.manual_seed(0)
+        return target.generate(
+            prompt, assistant_model=draft, diversed_verifier="static:0.5", do_sample=True, max_new_tokens=40
+        )
+
+    copies = []
+    repeat_kv = sdpa_attention.repeat_kv
+
+    def counting_repeat_kv(states, n_rep):
+        copies.append(n_rep)
+        return repeat_kv(states, n_rep)
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", counting_repeat_kv)
+    grouped = run()
+    assert copies == []
+    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", _compat.original_use_gqa_in_sdpa)
+    copied = run()
+    assert copies  # transformers' own path copies the heads in these forwards
+    assert torch.equal(grouped, copied)

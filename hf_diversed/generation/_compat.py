@@ -9,6 +9,8 @@ What is patched, once, on ``import hf_diversed``:
   the original function, called with the same arguments.
 - ``GenerationMixin._assisted_decoding`` runs hf_diversed's loop while a DIVERSED ``generate`` call is in
   progress (a context variable carries its settings), and the original loop otherwise.
+- ``transformers.integrations.sdpa_attention.use_gqa_in_sdpa`` answers True for CPU tensors inside
+  ``grouped_attention_on_cpu()`` (entered by a DIVERSED ``generate``), and the original answer otherwise.
 
 Not a patch: ``apply_draft_warpers_once`` edits one ``AssistedCandidateGenerator``'s private generation
 config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once.
@@ -16,6 +18,7 @@ config so that hf_diversed's loop samples the draft with the user's sampling war
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import functools
@@ -35,6 +38,7 @@ from transformers.generation.candidate_generator import (
     _prepare_token_type_ids,
 )
 from transformers.generation.utils import ALL_CACHE_NAMES, GenerationMixin, _split_model_outputs
+from transformers.integrations import sdpa_attention
 
 TESTED_TRANSFORMERS = (Version("5.23.0"), Version("5.24.0"))  # [low, high)
 
@@ -53,6 +57,7 @@ __all__ = [
     "check_batchable_cache",
     "check_transformers_version",
     "generation_logits_processors",
+    "grouped_attention_on_cpu",
     "install",
     "original_assisted_decoding",
     "original_generate",
@@ -76,8 +81,15 @@ original_assisted_decoding: Callable[..., Any] = getattr(
     GenerationMixin._assisted_decoding, "__hf_diversed_original__", GenerationMixin._assisted_decoding
 )
 
+original_use_gqa_in_sdpa: Callable[..., bool] = getattr(
+    sdpa_attention.use_gqa_in_sdpa, "__hf_diversed_original__", sdpa_attention.use_gqa_in_sdpa
+)
+
 # Settings of the DIVERSED generate call in progress (None outside one).
 active_settings: contextvars.ContextVar[Any] = contextvars.ContextVar("hf_diversed_settings", default=None)
+_grouped_on_cpu: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_diversed_grouped", default=False)
+# torch's SDPA takes enable_gqa (grouped key/value heads attended in place) from 2.5 on
+_SDPA_HAS_GQA = Version(torch.__version__).release >= (2, 5)
 
 
 def check_transformers_version() -> None:
@@ -159,10 +171,36 @@ def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]
             return original_assisted_decoding(self, *args, **kwargs)
         return decoding_loop(self, settings, *args, **kwargs)
 
+    @functools.wraps(original_use_gqa_in_sdpa)
+    def use_gqa_in_sdpa(attention_mask, key, value) -> bool:
+        if _grouped_on_cpu.get() and key.device.type == "cpu" and key.shape[-1] == value.shape[-1]:
+            return True
+        return original_use_gqa_in_sdpa(attention_mask, key, value)
+
     generate.__hf_diversed_original__ = original_generate
     _assisted_decoding.__hf_diversed_original__ = original_assisted_decoding
+    use_gqa_in_sdpa.__hf_diversed_original__ = original_use_gqa_in_sdpa
     GenerationMixin.generate = generate
     GenerationMixin._assisted_decoding = _assisted_decoding
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+
+
+@contextlib.contextmanager
+def grouped_attention_on_cpu():
+    """Within this block, SDPA attention on CPU attends grouped key/value heads in place (``enable_gqa``).
+
+    transformers' SDPA path copies each key/value head ``num_key_value_groups`` times whenever a forward has
+    several query positions and a mask, which is every verification forward of speculative decoding (the
+    target scores N + 1 positions) and every multi-token draft forward. torch's CPU kernel computes the same
+    attention from the grouped heads directly; the copies cost up to ~7x the attention itself at 700 cached
+    positions (``benchmarks/bench_grouped_attention.py``). transformers keeps the copies on CUDA because its
+    fused kernels take no mask with grouped heads, so this leaves other devices as they are.
+    """
+    token = _grouped_on_cpu.set(_SDPA_HAS_GQA)
+    try:
+        yield
+    finally:
+        _grouped_on_cpu.reset(token)
 
 
 # ------------------------------------------------------------------ batched sampler: processors and KV caches
@@ -342,4 +380,5 @@ def private_signatures() -> dict[str, inspect.Signature]:
         "_prepare_generation_config": inspect.signature(GenerationMixin._prepare_generation_config),
         "_prepare_special_tokens": inspect.signature(GenerationMixin._prepare_special_tokens),
         "_get_logits_processor": inspect.signature(GenerationMixin._get_logits_processor),
+        "use_gqa_in_sdpa": inspect.signature(original_use_gqa_in_sdpa),
     }

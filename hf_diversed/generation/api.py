@@ -125,7 +125,7 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     )
     token = _compat.active_settings.set(settings)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _compat.grouped_attention_on_cpu():
             output = original_generate(model, *args, **kwargs)
     finally:
         _compat.active_settings.reset(token)
