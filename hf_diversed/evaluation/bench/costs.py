@@ -68,11 +68,14 @@ def _seconds_per_token(model, input_ids, short: int, long: int, repeats: int) ->
 
 
 def _verify_cost_ratio(model, input_ids, n: int, repeats: int) -> float | None:
-    """v: time of one target forward over n+1 new tokens / over 1 new token, both after a cached prefill."""
+    """v: time of one target forward over n+1 new tokens / over 1 new token, both after a cached prefill, with
+    attention as hf_diversed's loop runs it (grouped key/value heads in place on CPU)."""
     import torch
 
+    from ...generation._compat import grouped_attention_on_cpu
+
     try:
-        with torch.no_grad():
+        with torch.no_grad(), grouped_attention_on_cpu():
             out = model(input_ids, use_cache=True)
             cache, length = out.past_key_values, input_ids.shape[1]
             token = input_ids[:, -1:]
