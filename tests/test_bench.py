@@ -561,3 +561,47 @@ def test_grouped_attention_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch,
     assert [r["L"] for r in record["forwards"]] == [8, 16] and all(r["verify_grouped"] > 0 for r in record["forwards"])
     assert record["generate"]["identical_tokens"] is True and record["generate"]["tokens"] > 0
     assert "| 16 |" in capsys.readouterr().out
+
+
+def test_ship_head_bundles_a_finished_run_with_its_table1_rows(setup, tmp_path, monkeypatch, capsys):
+    """training/ship_head.py: a finished run (one RL step on the tiny pair) and the bench's records of its head
+    become a head folder whose card states the training command, the held-out evaluations, and the head beside the
+    target alone, the draft alone and the token-class rule, against the static frontier."""
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import ship_head
+    import train
+
+    monkeypatch.chdir(tmp_path)  # the bench names a head inside the working directory by its relative path
+    train_args = [
+        "--config", str(ROOT / "training" / "recipes" / "gsm8k.yaml"), "--target", str(setup["target"]),
+        "--draft", str(setup["draft"]), "--dtype", "float32", "--max_train_prompts", "2", "--num_prompts", "2",
+        "--max_steps", "1", "--warmup_steps", "0", "--max_new_tokens", "6", "--eval_split", "test[0:2]",
+        "--num_eval_prompts", "2", "--eval_steps", "1", "--save_steps", "0", "--report_to", "none",
+        "--output_dir", "runs/head",
+    ]  # fmt: skip
+    assert train.main(train_args) == 0
+    bench_args = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--methods", "exact,token-class:digits:0,diversed", "--head", "runs/head",
+        "--static-sweep", "0,0.5", "--num-examples", "3", "--timed-examples", "0", "--no-costs", "--batch-size", "8",
+        "--max-new-tokens", "6", "--dtype", "float32", "--threads", "1", "--output-dir", "table1", "-q",
+    ]  # fmt: skip
+    assert bench.main(bench_args) == 0
+
+    dest = tmp_path / "bundled"
+    assert ship_head.main(["--run", "runs/head", "--table1", "table1", "--dest", str(dest), "--", *train_args]) == 0
+    assert {p.name for p in dest.iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    config = json.loads((dest / "config.json").read_text())
+    assert config["task"] == "gsm8k" and config["target_model"] == str(setup["target"])
+    assert (dest / "model.safetensors").read_bytes() == (tmp_path / "runs" / "head" / "model.safetensors").read_bytes()
+    card = (dest / "README.md").read_text()
+    assert "python training/train.py --config" in card and "| max_steps | 1 |" in card
+    assert "| untrained (w = 0.5) | 0 |" in card and "| trained | 1 |" in card
+    for row in ("| target alone (exact SD's law) | 3 |", "| draft alone (static w = 0) | 3 |", "| this head | 3 |",
+                "| token-class:digits:0 | 3 |"):  # fmt: skip
+        assert row in card
+    assert "Against the static frontier (exact, static:0, static:0.5" in card
+    assert "Head minus `token-class:digits:0` on 3 shared examples" in card
+    with pytest.raises(SystemExit, match="no records of the head"):
+        ship_head.main(["--run", str(tmp_path / "runs" / "head"), "--table1", "table1", "--dest", str(dest), "--",
+                        *train_args])  # fmt: skip

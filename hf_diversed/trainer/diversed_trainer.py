@@ -119,6 +119,20 @@ def _load_init_head(config: DiversedTrainerConfig) -> DiversedHead:
     return head
 
 
+def training_section(config: DiversedTrainerConfig) -> str:
+    """The Training section of a head's model card: the method and every setting of ``config``."""
+    return "\n".join(
+        [
+            "Trained with `hf_diversed.trainer.DiversedTrainer` (REINFORCE++ advantages, PPO-clipped ratio of "
+            "the head's mixture policy, frozen target and draft). Configuration:",
+            "",
+            "| key | value |",
+            "|---|---|",
+        ]
+        + [f"| {k} | {v} |" for k, v in asdict(config).items() if k not in ("hub_model_id", "resume_from_checkpoint")]
+    )
+
+
 class DiversedTrainer:
     """Trains a DIVERSED ensemble head by reinforcement learning on the decoding task.
 
@@ -659,16 +673,7 @@ class DiversedTrainer:
     def model_card(self) -> str:
         cfg = self.config
         head = self.accelerator.unwrap_model(self.head)
-        training = "\n".join(
-            [
-                "Trained with `hf_diversed.trainer.DiversedTrainer` (REINFORCE++ advantages, PPO-clipped ratio of "
-                "the head's mixture policy, frozen target and draft). Configuration:",
-                "",
-                "| key | value |",
-                "|---|---|",
-            ]
-            + [f"| {k} | {v} |" for k, v in asdict(cfg).items() if k not in ("hub_model_id", "resume_from_checkpoint")]
-        )
+        training = training_section(cfg)
         if self.eval_metrics:
             keys = list(self.eval_metrics["trained"])
             lines = [
