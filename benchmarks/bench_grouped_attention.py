@@ -73,12 +73,12 @@ def forwards(model, lengths: list[int], n: int, repeats: int) -> list[dict]:
         ids = torch.randint(vocab // 100, vocab // 2, (1, length + n + 1), generator=g)
         cache = model(ids[:, :length], use_cache=True).past_key_values
 
-        def step(width: int) -> None:
+        def step(width: int, ids=ids, cache=cache, length=length) -> None:
             mask = torch.ones(1, length + width, dtype=torch.long)
             model(ids[:, length : length + width], attention_mask=mask, past_key_values=cache, use_cache=True)
             cache.crop(-width)
 
-        verify, decode = _seconds(lambda: step(n + 1), repeats), _seconds(lambda: step(1), repeats)
+        verify, decode = _seconds(lambda: step(n + 1), repeats), _seconds(lambda: step(1), repeats)  # noqa: B023
         rows.append({"L": length, "verify_copies": verify[True], "verify_grouped": verify[False],
                      "decode_copies": decode[True], "decode_grouped": decode[False]})  # fmt: skip
     return rows
@@ -92,7 +92,7 @@ def end_to_end(target, draft, prompts: list[torch.Tensor], args) -> dict:
                   max_new_tokens=args.max_new_tokens, num_assistant_tokens=args.num_assistant_tokens)  # fmt: skip
     for i, prompt in enumerate(prompts):
         out = {}
-        for on in ((True, False) if i % 2 else (False, True)):
+        for on in (True, False) if i % 2 else (False, True):
             with copies(on):
                 torch.manual_seed(i)
                 start = time.perf_counter()
@@ -112,7 +112,9 @@ def _random_pair(args):
     draft = build(args.draft_config, torch.device("cpu"), torch.float32, seed=1)
     vocab = target.config.vocab_size
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(vocab // 100, vocab // 2, (1, args.prompt_tokens), generator=g) for _ in range(args.prompts)]
+    prompts = [
+        torch.randint(vocab // 100, vocab // 2, (1, args.prompt_tokens), generator=g) for _ in range(args.prompts)
+    ]
     return target, draft, prompts, "random weights from " + args.target_config.name
 
 
@@ -137,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target-config", type=Path, default=CONFIGS / "qwen2.5-coder-1.5b-instruct.json")
     parser.add_argument("--draft-config", type=Path, default=CONFIGS / "qwen2.5-coder-0.5b-instruct.json")
-    parser.add_argument("--real", action="store_true", help="load the real pair (float32) instead of random weights")
+    parser.add_argument("--real", action="store_true", help="the real pair (float32) instead of random weights")
     parser.add_argument("--lengths", default="128,256,512,768", help="cached tokens before a verification forward")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-assistant-tokens", type=int, default=5)
@@ -168,9 +170,10 @@ def main() -> None:
     if prompts:
         e2e = end_to_end(target, draft, prompts[: args.prompts], args)
         record["generate"] = e2e
+        ratio = e2e["tok_s_grouped"] / e2e["tok_s_copies"]
         print(f"\ngenerate(diversed_verifier={args.rule!r}), {len(prompts)} prompts, {e2e['tokens']} new tokens: "
-              f"{e2e['tok_s_copies']:.2f} tok/s with copies, {e2e['tok_s_grouped']:.2f} grouped "
-              f"({e2e['tok_s_grouped'] / e2e['tok_s_copies']:.2f}x); identical tokens: {e2e['identical_tokens']}")  # fmt: skip
+              f"{e2e['tok_s_copies']:.2f} tok/s with copies, {e2e['tok_s_grouped']:.2f} grouped ({ratio:.2f}x); "
+              f"identical tokens: {e2e['identical_tokens']}")  # fmt: skip
     if args.output:
         args.output.write_text(json.dumps(record, indent=2) + "\n")
 

@@ -60,8 +60,8 @@ def main() -> None:
             base = None
             for m in rows:
                 x = torch.randn(m, fan_in, generator=g)
-                dense = _ms(lambda: torch.nn.functional.linear(x, weight), args.repeats)
-                reordered = _ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+                dense = _ms(lambda x=x, w=weight: torch.nn.functional.linear(x, w), args.repeats)
+                reordered = _ms(lambda x=x, w=packed: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""),
                                 args.repeats)  # fmt: skip
                 base = dense if base is None else base
                 print(f"| {name} | {fan_in} → {fan_out} | {m} | {dense:.2f} | {dense / base:.2f} | {reordered:.2f} | "

@@ -525,20 +525,26 @@ def test_records_name_a_local_model_by_its_path_inside_the_working_directory(tmp
     assert _canonical_model("qwen2.5-coder-1.5b-instruct") == "qwen2.5-coder-1.5b-instruct"
 
 
-def test_random_weights_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch, capsys):
-    """benchmarks/bench_random_weights.py (the real pair's shapes where its weights cannot go), on tiny shapes."""
+def _run_benchmark_on_tiny_configs(name: str, tmp_path: Path, monkeypatch, *args: str) -> dict:
+    """Run ``benchmarks/<name>`` with a tiny model's config.json as both target and draft; its JSON record."""
     import runpy
 
     config = chat_model(chat_tokenizer(["tiny"]), seed=0).config.to_dict()
-    (tmp_path / "tiny.json").write_text(json.dumps(config))
-    out = tmp_path / "out.json"
-    script = Path(__file__).parent.parent / "benchmarks" / "bench_random_weights.py"
-    monkeypatch.setattr(sys, "argv", [str(script), "--target-config", str(tmp_path / "tiny.json"), "--draft-config",
-                                      str(tmp_path / "tiny.json"), "--device", "cpu", "--dtype", "float32",
-                                      "--batch-sizes", "2,4", "--max-new-tokens", "3", "--prompt-tokens", "5",
-                                      "--rules-per-prompt", "2", "--output", str(out)])  # fmt: skip
+    tiny, out = tmp_path / "tiny.json", tmp_path / "out.json"
+    tiny.write_text(json.dumps(config))
+    script = Path(__file__).parent.parent / "benchmarks" / name
+    argv = [str(script), "--target-config", str(tiny), "--draft-config", str(tiny), *args, "--output", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(str(script), run_name="__main__")
-    record = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_random_weights_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch, capsys):
+    """benchmarks/bench_random_weights.py (the real pair's shapes where its weights cannot go), on tiny shapes."""
+    record = _run_benchmark_on_tiny_configs(
+        "bench_random_weights.py", tmp_path, monkeypatch, "--device", "cpu", "--dtype", "float32",
+        "--batch-sizes", "2,4", "--max-new-tokens", "3", "--prompt-tokens", "5", "--rules-per-prompt", "2",
+    )  # fmt: skip
     assert [r["B"] for r in record["sampler"]] == [2, 4] and all(r["tokens"] > 0 for r in record["sampler"])
     assert record["costs"]["c"] > 0 and "| 4 |" in capsys.readouterr().out
 
@@ -546,18 +552,10 @@ def test_random_weights_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch, ca
 def test_grouped_attention_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch, capsys):
     """benchmarks/bench_grouped_attention.py (key/value head copies against grouped attention), on tiny shapes:
     both ways emit the same tokens."""
-    import runpy
-
-    config = chat_model(chat_tokenizer(["tiny"]), seed=0).config.to_dict()
-    (tmp_path / "tiny.json").write_text(json.dumps(config))
-    out = tmp_path / "out.json"
-    script = Path(__file__).parent.parent / "benchmarks" / "bench_grouped_attention.py"
-    monkeypatch.setattr(sys, "argv", [str(script), "--target-config", str(tmp_path / "tiny.json"), "--draft-config",
-                                      str(tmp_path / "tiny.json"), "--lengths", "8,16", "--repeats", "1",
-                                      "--prompts", "2", "--prompt-tokens", "5", "--max-new-tokens", "6",
-                                      "--output", str(out)])  # fmt: skip
-    runpy.run_path(str(script), run_name="__main__")
-    record = json.loads(out.read_text())
+    record = _run_benchmark_on_tiny_configs(
+        "bench_grouped_attention.py", tmp_path, monkeypatch, "--lengths", "8,16", "--repeats", "1", "--prompts", "2",
+        "--prompt-tokens", "5", "--max-new-tokens", "6",
+    )  # fmt: skip
     assert [r["L"] for r in record["forwards"]] == [8, 16] and all(r["verify_grouped"] > 0 for r in record["forwards"])
     assert record["generate"]["identical_tokens"] is True and record["generate"]["tokens"] > 0
     assert "| 16 |" in capsys.readouterr().out

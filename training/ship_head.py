@@ -1,7 +1,8 @@
 """Ship a finished head as the package's bundled head for its task, its model card carrying the run's numbers.
 
     python training/ship_head.py --run docs/training/gsm8k-full/lambda-0.1 --table1 docs/table1/gsm8k \\
-        -- --config training/recipes/gsm8k-full.yaml --acceptance_coef 0.1 --output_dir docs/training/gsm8k-full/lambda-0.1
+        -- --config training/recipes/gsm8k-full.yaml --acceptance_coef 0.1 \\
+        --output_dir docs/training/gsm8k-full/lambda-0.1
 
 Arguments after ``--`` are the run's ``training/train.py`` arguments: the card states that command and every
 setting it resolves to. The card's Evaluation section holds the run's held-out evaluations (first and last, from
@@ -24,6 +25,7 @@ from pathlib import Path
 from hf_diversed.evaluation.bench.frontier import compare_to_baseline, compare_to_frontier, method_label
 from hf_diversed.evaluation.bench.plan import load_records
 from hf_diversed.evaluation.bench.summary import summarize_records
+from hf_diversed.evaluation.real_models import SPECS
 from hf_diversed.modeling.model_card import render_head_card
 from hf_diversed.modeling.pretrained import PRETRAINED_HEADS
 from hf_diversed.trainer.diversed_trainer import training_section
@@ -31,10 +33,6 @@ from hf_diversed.trainer.diversed_trainer import training_section
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train import parse_config  # noqa: E402
 
-HUB_IDS = {
-    "qwen2.5-coder-1.5b-instruct": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
-    "qwen2.5-coder-0.5b-instruct": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
-}
 EVAL_KEYS = ("reward", "acceptance_rate", "mean_w", "tokens_per_round", "cut_fraction")
 
 
@@ -59,8 +57,8 @@ def held_out_section(run: Path, config) -> list[str]:
     keys = [k for k in EVAL_KEYS if k in first or k in last]
     rows = [
         f"Held out during training: {config.num_eval_prompts} prompts of `{config.eval_split}`, temperature "
-        f"{config.temperature:g}, N = {config.num_assistant_tokens}, {config.max_new_tokens} new tokens, the same seeds "
-        "at every evaluation.",
+        f"{config.temperature:g}, N = {config.num_assistant_tokens}, {config.max_new_tokens} new tokens, the same "
+        "seeds at every evaluation.",
         "",
         "| head | step | " + " | ".join(keys) + " |",
         "|---|---|" + "---|" * len(keys),
@@ -81,14 +79,15 @@ def table1_section(table1: Path, head_key: str) -> list[str]:
                          "named it (the path relative to the directory the bench ran in).")  # fmt: skip
     settings = {k: mine[0][k] for k in ("temperature", "N", "max_new_tokens")}
     group = [r for r in records if all(r[k] == v for k, v in settings.items())]
-    shown = ["exact", "static:0", label] + sorted({method_label(r) for r in group if r["method"].startswith("token-class:")})
+    rules = sorted({method_label(r) for r in group if r["method"].startswith("token-class:")})
+    shown = ["exact", "static:0", label, *rules]
     rows = {method_label(r): r for r in summarize_records([r for r in group if method_label(r) in shown])}
     names = {"exact": "target alone (exact SD's law)", "static:0": "draft alone (static w = 0)", label: "this head"}
     metric = mine[0].get("metric", "quality")
     lines = [
-        f"Table 1 run on the real pair (`{table1}`; `docs/results.md` has every method): T = {settings['temperature']:g}, "
-        f"N = {settings['N']}, {settings['max_new_tokens']} new tokens, {metric}; the same examples and seeds for every "
-        "method.",
+        f"Table 1 run on the real pair (`{table1}`; `docs/results.md` has every method): "
+        f"T = {settings['temperature']:g}, N = {settings['N']}, {settings['max_new_tokens']} new tokens, {metric}; "
+        "the same examples and seeds for every method.",
         "",
         "| method | n | quality ×100 [95% CI] | Δ vs target [95% CI] | acceptance | tokens/round | mean w |",
         "|---|---|---|---|---|---|---|",
@@ -106,11 +105,11 @@ def table1_section(table1: Path, head_key: str) -> list[str]:
     if frontier is not None:
         lines += [
             "",
-            f"- Against the static frontier ({', '.join(frontier['frontier'])}; exact SD as w = 1), on the {frontier['n']} "
-            "examples the head and every frontier method finished: Δ quality at the head's acceptance "
+            f"- Against the static frontier ({', '.join(frontier['frontier'])}; exact SD as w = 1), on the "
+            f"{frontier['n']} examples the head and every frontier method finished: Δ quality at the head's acceptance "
             f"{_ci(frontier['quality_gap'], frontier['quality_gap_ci'], sign='+')}: **{frontier['verdict']}**.",
         ]
-    for rule in [m for m in shown if m.startswith("token-class")]:
+    for rule in rules:
         c = compare_to_baseline(group, label, rule)
         if c is not None:
             lines.append(
@@ -143,11 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no bundled head for task {task!r}: pass --dest.")
     dest = args.dest or bundled.folder
     repo_id = bundled.repo_id if bundled else dest.name
-    target, draft = HUB_IDS.get(config.target, config.target), HUB_IDS.get(config.draft, config.draft)
+    # the built-in names of the real pair become their Hub ids; other names (Hub ids, paths) are kept
+    target, draft = (SPECS[m].hub_id if m in SPECS else m for m in (config.target, config.draft))
 
-    training = (
-        "```bash\npython training/train.py " + shlex.join(train_args) + "\n```\n\n" + training_section(config)
-    )
+    training = "```bash\npython training/train.py " + shlex.join(train_args) + "\n```\n\n" + training_section(config)
     evaluation = held_out_section(args.run, config)
     if args.table1 is not None:
         evaluation += [""] + table1_section(args.table1, args.run.as_posix().rstrip("/"))
