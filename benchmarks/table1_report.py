@@ -43,6 +43,11 @@ PAPER = {
 }
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it (the committed records), else as given."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -164,7 +169,7 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     line = (
         f"Real speed: the batch-1 loop on the first {max(r['n_timed'] for r in summary['rows'])} examples at "
         f"{', '.join(sorted({str(r['max_new_tokens']) for r in loop}))} new tokens, every method in one run "
-        f"(`{timed_dir.relative_to(ROOT)}`: `{command}`)"
+        f"(`{_shown(timed_dir)}`: `{command}`)"
         + (f"; the target alone ran at {ar['tokens_per_s']:.2f} tok/s" if ar else "")
         + ". Where a speedup is below 1×, speculative decoding is slower than the target alone on this CPU; "
         "the v = 1 columns show what it would reach with a verification as cheap as one decode step."
@@ -200,7 +205,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     lines = [
         f"## {task}",
         "",
-        f"{len(records)} records in `{out_dir.relative_to(ROOT)}/results.jsonl`; CPU {capabilities}; dtype "
+        f"{len(records)} records in `{_shown(out_dir)}/results.jsonl`; CPU {capabilities}; dtype "
         f"{', '.join(sorted({str(r['dtype']) for r in records}))}; max new tokens "
         f"{', '.join(sorted({str(r['max_new_tokens']) for r in records}))}. Quality and acceptance come from the "
         "batched law-exact sampler; exact SD has the target's law, so its row is the target alone's quality."
@@ -256,10 +261,16 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             "| | SD acceptance | DIVERSED acceptance | quality SD → DIVERSED |",
             "|---|---|---|---|",
             f"| paper | {sd} | {ours} | {quality} |",
-            f"| this pair | {_pct(exact['acceptance_rate']) if exact else '-'} | (heads: a later run) | "
-            f"{format_quality(exact) if exact else '-'} → - |",
-            "",
         ]
+        heads = [r for r in rows if r["method"] == "diversed" and r["temperature"] == 1.0 and r["N"] == 5]
+        sd_cell = _pct(exact["acceptance_rate"]) if exact else "-"
+        sd_quality = format_quality(exact) if exact else "-"
+        for head in heads or [None]:
+            name = f"this pair, head `{head['head']}`" if head else "this pair"
+            ours_cell = _pct(head["acceptance_rate"]) if head else "(heads: a later run)"
+            ours_quality = format_quality(head) if head else "-"
+            lines.append(f"| {name} | {sd_cell} | {ours_cell} | {sd_quality} → {ours_quality} |")
+        lines.append("")
     return lines
 
 

@@ -561,11 +561,14 @@ def test_grouped_attention_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch,
     assert "| 16 |" in capsys.readouterr().out
 
 
-def test_ship_head_bundles_a_finished_run_with_its_table1_rows(setup, tmp_path, monkeypatch, capsys):
+def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_row(
+    setup, tmp_path, monkeypatch, capsys
+):
     """training/ship_head.py: a finished run (one RL step on the tiny pair) and the bench's records of its head
     become a head folder whose card states the training command, the held-out evaluations, and the head beside the
     target alone, the draft alone and the token-class rule, against the static frontier."""
     monkeypatch.syspath_prepend(str(ROOT / "training"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import ship_head
     import train
 
@@ -603,3 +606,14 @@ def test_ship_head_bundles_a_finished_run_with_its_table1_rows(setup, tmp_path, 
     with pytest.raises(SystemExit, match="no records of the head"):
         ship_head.main(["--run", str(tmp_path / "runs" / "head"), "--table1", "table1", "--dest", str(dest), "--",
                         *train_args])  # fmt: skip
+
+    # the same records in docs/results.md's row beside the paper's Table 1: exact SD's and the head's acceptance
+    import table1_report
+
+    lines = table1_report.task_section("gsm8k", tmp_path / "table1")
+    row = next(line for line in lines if line.startswith("| this pair, head `runs/head` |"))
+    summary = {r["method"]: r for r in json.loads((tmp_path / "table1" / bench.SUMMARY_FILE).read_text())["rows"]}
+    assert (
+        f"| {100 * summary['exact']['acceptance_rate']:.1f}% | {100 * summary['diversed']['acceptance_rate']:.1f}% |"
+        in row
+    )
