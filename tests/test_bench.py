@@ -438,6 +438,16 @@ def _frontier_records(method: str, acceptance: float, quality: float, n: int = 1
     ]  # fmt: skip
 
 
+def test_fitted_frontier_is_the_non_increasing_least_squares_fit():
+    """The frontier drawn and read: points sorted by acceptance, quality pooled where it rises (noise)."""
+    from hf_diversed.evaluation.bench.frontier import fitted_frontier
+
+    accs, fitted = fitted_frontier([(0.9, 24.0), (0.75, 40.0), (1.0, 28.0), (0.8, 34.0), (0.95, 22.0)])
+    assert accs == [0.75, 0.8, 0.9, 0.95, 1.0]
+    assert fitted == pytest.approx([40.0, 34.0, 74 / 3, 74 / 3, 74 / 3])  # 24, 22, 28 pool to their mean
+    assert all(a >= b for a, b in zip(fitted, fitted[1:]))
+
+
 def test_frontier_comparison_places_methods_beyond_on_or_inside():
     """Quality at equal acceptance against the static sweep (+ exact as w = 1), with a paired bootstrap interval."""
     from hf_diversed.evaluation.bench.frontier import _acceptance_at, _decreasing_fit, compare_to_frontier

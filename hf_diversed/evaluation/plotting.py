@@ -8,6 +8,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from .bench.frontier import fitted_frontier
+
 __all__ = ["plot_quality_speed"]
 
 _X_LABELS = {"speedup": "speedup over autoregressive (×)", "acceptance_rate": "acceptance rate (accepted / drafted)"}
@@ -70,14 +72,34 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
             for r, xv, yv in zip(sweep, xs, ys, strict=True):
                 ax.annotate(f"w={float(r['method'].split(':')[1]):g}", (xv, yv), textcoords="offset points",
                             xytext=(4, 4), fontsize=7)  # fmt: skip
-        for row in panel:
-            if row["method"] == "ar" and x != "speedup":
-                continue
-            if row["method"].startswith("static:"):
-                continue
-            xv, yv = _x_value(row, x), row.get("quality")
-            if not (_ok(xv) and _ok(yv)):
-                continue
+        if x == "acceptance_rate":  # the frontier the verdicts read: sweep and exact SD (w = 1), non-increasing fit
+            for n_value in sorted(sweeps, key=lambda v: v or 0):
+                ends = [r for r in panel if r["method"] == "exact" and r.get("N") == n_value]
+                points = [(r[x], r["quality"]) for r in sweeps[n_value] + ends if _ok(r.get(x)) and _ok(r["quality"])]
+                if len(points) >= 2:
+                    accs, fitted = fitted_frontier(points)
+                    label = "frontier (non-increasing fit, exact SD as w=1)" + (f", N={n_value}" if multi_n else "")
+                    ax.plot(accs, fitted, color="black", linestyle=":", linewidth=1.2, label=label)
+        points = [
+            r for r in panel if not r["method"].startswith("static:") and not (r["method"] == "ar" and x != "speedup")
+        ]
+        points = sorted(
+            (r for r in points if _ok(_x_value(r, x)) and _ok(r.get("quality"))), key=lambda r: _x_value(r, x)
+        )
+        xs_all = [v for r in panel if _ok(v := _x_value(r, x))]
+        ys_all = [r["quality"] for r in panel if _ok(r.get("quality"))]
+        x_span = (max(xs_all) - min(xs_all) if xs_all else 0.0) or 1.0
+        y_span = (max(ys_all) - min(ys_all) if ys_all else 0.0) or 1.0
+        placed: list[tuple[float, float]] = []  # labels so far: (x, y) of their points, in data units
+        for row in points:
+            xv, yv = _x_value(row, x), row["quality"]
+            # a label that would overprint an earlier one (about 15% of the x range wide, 5% of the y range high)
+            # steps down a line
+            drop = 0
+            while any(abs(xv - px) < 0.15 * x_span and abs(yv - drop * y_span / 30 - py) < 0.05 * y_span
+                      for px, py in placed):  # fmt: skip
+                drop += 1
+            placed.append((xv, yv - drop * y_span / 30))
             label = row["method"] + (f" N={row['N']}" if multi_n and row.get("N") else "")
             ci, err = row.get("quality_ci"), row.get("quality_stderr")
             if ci and all(_ok(c) for c in ci):  # the 95% interval, asymmetric (Wilson / bootstrap)
@@ -85,7 +107,7 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
             else:
                 yerr = [err] if _ok(err) else None
             ax.errorbar([xv], [yv], yerr=yerr, fmt="s", markersize=5, capsize=2)
-            ax.annotate(label, (xv, yv), textcoords="offset points", xytext=(4, -10), fontsize=7)
+            ax.annotate(label, (xv, yv), textcoords="offset points", xytext=(4, -10 - 9 * drop), fontsize=7)
         metric = next((r.get("metric") for r in panel if r.get("metric")), "quality")
         ax.set_title(f"{task}, T={temperature:g}")
         ax.set_xlabel(_X_LABELS[x])

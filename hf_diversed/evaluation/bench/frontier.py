@@ -26,7 +26,7 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 
-__all__ = ["compare_to_baseline", "compare_to_frontier", "frontier_methods", "method_label"]
+__all__ = ["compare_to_baseline", "compare_to_frontier", "fitted_frontier", "frontier_methods", "method_label"]
 
 
 def method_label(record: dict) -> str:
@@ -63,6 +63,13 @@ def _decreasing_fit(values: Sequence[float]) -> list[float]:
     return [s / c for s, c in blocks for _ in range(int(c))]
 
 
+def fitted_frontier(points: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """The frontier the verdicts read, from (acceptance, quality) points: acceptances sorted, and the least-squares
+    non-increasing fit of quality along them (linear between points)."""
+    points = sorted(points)
+    return [a for a, _ in points], _decreasing_fit([q for _, q in points])
+
+
 def _acceptance_at(quality: float, accs: Sequence[float], fitted: Sequence[float]) -> float | None:
     """The highest acceptance at which the non-increasing fit still reaches ``quality`` (flat stretches, common
     with 0/1 rewards, count at their high-acceptance end); None outside the fit's range."""
@@ -85,12 +92,11 @@ def _point(records: dict[int, dict], sample: Sequence[int], scale: float) -> tup
 
 
 def _deltas(by_method, frontier, method, sample, scale):
-    points = sorted(p for m in frontier if (p := _point(by_method[m], sample, scale)) is not None)
+    points = [p for m in frontier if (p := _point(by_method[m], sample, scale)) is not None]
     own = _point(by_method[method], sample, scale)
     if own is None or len(points) < 2:
         return None, None, own, None, None
-    accs = [p[0] for p in points]
-    fitted = _decreasing_fit([p[1] for p in points])  # quality against rising acceptance
+    accs, fitted = fitted_frontier(points)  # quality against rising acceptance
     q_front = _interp(own[0], accs, fitted)
     a_front = _acceptance_at(own[1], accs, fitted)
     dq = None if q_front is None else own[1] - q_front
