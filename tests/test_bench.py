@@ -445,7 +445,7 @@ def test_fitted_frontier_is_the_non_increasing_least_squares_fit():
     accs, fitted = fitted_frontier([(0.9, 24.0), (0.75, 40.0), (1.0, 28.0), (0.8, 34.0), (0.95, 22.0)])
     assert accs == [0.75, 0.8, 0.9, 0.95, 1.0]
     assert fitted == pytest.approx([40.0, 34.0, 74 / 3, 74 / 3, 74 / 3])  # 24, 22, 28 pool to their mean
-    assert all(a >= b for a, b in zip(fitted, fitted[1:]))
+    assert all(a >= b for a, b in zip(fitted, fitted[1:], strict=False))
 
 
 def test_frontier_comparison_places_methods_beyond_on_or_inside():
