@@ -153,6 +153,14 @@ def _costs(out_dir: Path) -> dict:
     return json.loads((out_dir / "costs.json").read_text()) if (out_dir / "costs.json").is_file() else {}
 
 
+def _pair_cost(costs: dict, key: str) -> tuple[str, dict] | None:
+    """The entry of ``costs`` for the pair in ``key`` (``target | draft | dtype``): the same dtype first, else any."""
+    if key in costs:
+        return key, costs[key]
+    pair = key.rsplit(" | ", 1)[0] + " | "
+    return next(((k, v) for k, v in costs.items() if k.startswith(pair)), None)
+
+
 def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     """The real batch-1 loop's speed from a task's timing run (``<task>-timed``): its summary rows with a speedup,
     by (temperature, method, N); a line saying how it was timed; its costs (measured in the same run)."""
@@ -168,7 +176,9 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     ar = next((r for r in summary["rows"] if r["method"] == "ar" and r.get("tokens_per_s")), None)
     line = (
         f"Real speed: the batch-1 loop on the first {max(r['n_timed'] for r in summary['rows'])} examples at "
-        f"{', '.join(sorted({str(r['max_new_tokens']) for r in loop}))} new tokens, every method in one run "
+        f"{', '.join(sorted({str(r['max_new_tokens']) for r in loop}))} new tokens, every method in one run, "
+        f"dtype {', '.join(sorted({str(r['dtype']) for r in loop}))}, CPU "
+        f"{', '.join(sorted({str(r.get('cpu_capability')) for r in loop}))} "
         f"(`{_shown(timed_dir)}`: `{command}`)"
         + (f"; the target alone ran at {ar['tokens_per_s']:.2f} tok/s" if ar else "")
         + ". Where a speedup is below 1×, speculative decoding is slower than the target alone on this CPU; "
@@ -196,7 +206,14 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     if not records:
         return [f"## {task}", "", "No records yet.", ""]
     timed, timed_lines, timed_costs = timed_section(out_dir.parent / f"{task}-timed")
-    costs = {**_costs(out_dir), **timed_costs}  # c and v measured beside the real timing, where there is one
+    first = records[0]
+    key = _costs_key(first["target"], first.get("draft") or first["target"], first["dtype"])
+    costs = _costs(out_dir)
+    # The speed models predict the real timing, so they take c and v from the timing run where there is one,
+    # whatever its dtype (the timing may run on a later machine than the sampler's records).
+    beside_timing = _pair_cost(timed_costs, key)
+    if beside_timing:
+        costs[key] = beside_timing[1]
     previous = out_dir / bench.SUMMARY_FILE
     command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
     summary = bench.summarize(records, out_dir, command=command, costs=costs, runs=load_runs(out_dir))
@@ -229,13 +246,12 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             f"{_num(r['mean_accepted_per_round'])} | {_num(r['mean_weight'])} | {100 * r['truncated_rate']:.0f}% | "
             f"{tau} | {iid} | {real} | {ratio} |"
         )
-    first = records[0]
-    key = _costs_key(first["target"], first.get("draft") or first["target"], first["dtype"])
     cost = costs.get(key)
     if cost:
+        where = f"beside the real timing ({beside_timing[0].rsplit(' | ', 1)[1]})" if beside_timing else "in the run"
         lines += [
             "",
-            f"Costs measured {'beside the real timing' if key in timed_costs else 'in the run'}: target "
+            f"Costs measured {where}: target "
             f"{cost['target_seconds_per_token']:.3f} s/token, draft "
             f"{cost['draft_seconds_per_token']:.3f} s/token (c = {cost['c']:.3f}), v = "
             + ", ".join(f"{v:.2f} (N = {n})" for n, v in (cost.get("v") or {}).items() if v)

@@ -627,3 +627,42 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
         f"| {100 * summary['exact']['acceptance_rate']:.1f}% | {100 * summary['diversed']['acceptance_rate']:.1f}% |"
         in row
     )
+
+
+def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_names_its_dtype(
+    setup, tmp_path, monkeypatch
+):
+    """A task's timing run (``<task>-timed``) may use another dtype than its sampler records (a later machine with
+    fast bf16): the τ model then takes c and v from the timing run, so real / τ model compares like with like, and
+    the report names the timing run's dtype."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import table1_report
+
+    common = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--methods", "exact", "--num-examples", "2", "--batch-size", "4", "--max-new-tokens", "6",
+        "--threads", "1", "-q",
+    ]  # fmt: skip
+    table = [
+        *common,
+        "--timed-examples",
+        "0",
+        "--no-costs",
+        "--dtype",
+        "float32",
+        "--output-dir",
+        str(tmp_path / "gsm8k"),
+    ]
+    timed = [*common, "--timed-examples", "2", "--dtype", "bfloat16", "--output-dir", str(tmp_path / "gsm8k-timed")]
+    assert bench.main(table) == 0 and bench.main(timed) == 0
+
+    lines = table1_report.task_section("gsm8k", tmp_path / "gsm8k")
+    (cost,) = json.loads((tmp_path / "gsm8k-timed" / bench.COSTS_FILE).read_text()).values()
+    (row,) = [
+        r for r in json.loads((tmp_path / "gsm8k" / bench.SUMMARY_FILE).read_text())["rows"] if r["method"] == "exact"
+    ]
+    tau_model = row["mean_accepted_per_round"] / (5 * cost["c"] + cost["v"]["5"])
+    exact_line = next(line for line in lines if line.startswith("| 1 | exact | 5 |"))
+    assert f"| {tau_model:.2f}× (" in exact_line
+    assert any(line.startswith("Costs measured beside the real timing (bfloat16)") for line in lines)
+    assert any("dtype bfloat16, CPU" in line and line.startswith("Real speed:") for line in lines)
