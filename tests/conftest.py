@@ -86,12 +86,16 @@ def small_draft_pair():
 
 
 def require_data_dir():
-    """The real data folder (``../shared/data`` or ``$HF_DIVERSED_DATA_DIR``), or skip where a machine has none."""
+    """The real data folder (``../shared/data`` or ``$HF_DIVERSED_DATA_DIR``), or skip where a machine has none.
+
+    Under CI (``$CI`` set) a missing folder fails instead: CI has the data, and a skip there would hide the tests."""
     from hf_diversed.evaluation.tasks import default_data_dir
 
     try:
         return default_data_dir()
-    except FileNotFoundError:
+    except FileNotFoundError as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must see the data folder: {err}")
         pytest.skip("no data folder (set HF_DIVERSED_DATA_DIR)")
 
 

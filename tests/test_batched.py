@@ -274,6 +274,7 @@ def test_acceptance_is_one_minus_w_tv_per_position(tiny_pair):
 
 
 @pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_pair_greedy_equals_generate():
     """On the real pair in float32 (a GSM8K prompt, three rules sharing one prefill, the bundled GSM8K head), the
     sampler's greedy tokens and counts are generate's. Needs the real pair (`hf-diversed models`)."""

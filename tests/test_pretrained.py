@@ -131,6 +131,7 @@ def test_export_head_repo_renders_the_card_and_custom_generate(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.real_weights
 def test_bundled_gsm8k_head_on_the_real_pair_hf_diversed_equals_custom_generate(tmp_path, monkeypatch):
     """The shipped GSM8K head drives the real pair by Hub id, through hf-diversed and through `custom_generate`
     (the repository's standalone recipe), with identical greedy tokens. Needs the real pair (`hf-diversed models`,

