@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from hf_diversed import bench
-from hf_diversed.evaluation.bench.costs import _costs_key
+from hf_diversed.evaluation.bench.costs import costs_key, pair_costs
 from hf_diversed.evaluation.bench.frontier import (
     compare_to_baseline,
     compare_to_frontier,
@@ -153,14 +153,6 @@ def _costs(out_dir: Path) -> dict:
     return json.loads((out_dir / "costs.json").read_text()) if (out_dir / "costs.json").is_file() else {}
 
 
-def _pair_cost(costs: dict, key: str) -> tuple[str, dict] | None:
-    """The entry of ``costs`` for the pair in ``key`` (``target | draft | dtype``): the same dtype first, else any."""
-    if key in costs:
-        return key, costs[key]
-    pair = key.rsplit(" | ", 1)[0] + " | "
-    return next(((k, v) for k, v in costs.items() if k.startswith(pair)), None)
-
-
 def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     """The real batch-1 loop's speed from a task's timing run (``<task>-timed``): its summary rows with a speedup,
     by (temperature, method, N); a line saying how it was timed; its costs (measured in the same run)."""
@@ -207,13 +199,13 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         return [f"## {task}", "", "No records yet.", ""]
     timed, timed_lines, timed_costs = timed_section(out_dir.parent / f"{task}-timed")
     first = records[0]
-    key = _costs_key(first["target"], first.get("draft") or first["target"], first["dtype"])
+    pair = (first["target"], first.get("draft") or first["target"])
     costs = _costs(out_dir)
     # The speed models predict the real timing, so they take c and v from the timing run where there is one,
     # whatever its dtype (the timing may run on a later machine than the sampler's records).
-    beside_timing = _pair_cost(timed_costs, key)
+    beside_timing = pair_costs(timed_costs, *pair, first["dtype"])
     if beside_timing:
-        costs[key] = beside_timing[1]
+        costs[costs_key(*pair, first["dtype"])] = beside_timing[1]
     previous = out_dir / bench.SUMMARY_FILE
     command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
     summary = bench.summarize(records, out_dir, command=command, costs=costs, runs=load_runs(out_dir))
@@ -246,9 +238,9 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             f"{_num(r['mean_accepted_per_round'])} | {_num(r['mean_weight'])} | {100 * r['truncated_rate']:.0f}% | "
             f"{tau} | {iid} | {real} | {ratio} |"
         )
-    cost = costs.get(key)
+    cost = costs.get(costs_key(*pair, first["dtype"]))
     if cost:
-        where = f"beside the real timing ({beside_timing[0].rsplit(' | ', 1)[1]})" if beside_timing else "in the run"
+        where = f"beside the real timing ({beside_timing[0]})" if beside_timing else "in the run"
         lines += [
             "",
             f"Costs measured {where}: target "

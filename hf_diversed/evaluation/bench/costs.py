@@ -111,8 +111,17 @@ def measure_costs(target, draft, input_ids, ns: Iterable[int], *, repeats: int =
     }
 
 
-def _costs_key(target: str, draft: str | None, dtype: str) -> str:
+def costs_key(target: str, draft: str | None, dtype: str) -> str:
+    """The key of a pair's costs in ``costs.json``: costs depend on the models, their dtype and the machine."""
     return f"{target} | {draft} | {dtype}"
+
+
+def pair_costs(costs: dict, target: str, draft: str | None, dtype: str) -> tuple[str, dict] | None:
+    """``(dtype, costs)`` of the pair in ``costs``: measured in ``dtype`` where there are such, else in any dtype."""
+    if costs_key(target, draft, dtype) in costs:
+        return dtype, costs[costs_key(target, draft, dtype)]
+    pair = costs_key(target, draft, "")
+    return next(((k[len(pair) :], v) for k, v in costs.items() if k.startswith(pair)), None)
 
 
 def _read_costs(out_dir: Path) -> dict:

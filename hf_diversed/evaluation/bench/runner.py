@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import COSTS_FILE, LORA_METHOD, RESULTS_FILE, SCHEMA_VERSION, BenchConfig, BenchError, BenchMethod
-from .costs import _costs_key, _read_costs, measure_costs
+from .costs import _read_costs, costs_key, measure_costs
 from .plan import _Appender, _clean, _repair_torn_line, load_records, plan_generations, record_key, shard_plan
 from .report import summarize
 from .runs import load_runs, log_run
@@ -256,14 +256,14 @@ def run_bench(config: BenchConfig) -> dict | None:
         _repair_torn_line(results_path)  # before any process appends (they wait for the main process below)
 
     costs_all = _read_costs(out_dir)
-    costs_key = _costs_key(config.target_id, config.draft_id, config.dtype)
+    pair_key = costs_key(config.target_id, config.draft_id, config.dtype)
     need_costs = (
         processes.is_main
         and config.measure_costs
         and (
             config.remeasure_costs
-            or costs_key not in costs_all
-            or any(str(n) not in costs_all[costs_key].get("v", {}) for n in config.num_assistant_tokens)
+            or pair_key not in costs_all
+            or any(str(n) not in costs_all[pair_key].get("v", {}) for n in config.num_assistant_tokens)
         )
     )
     if todo_all and processes.is_main:
@@ -272,7 +272,7 @@ def run_bench(config: BenchConfig) -> dict | None:
             "batch_size": config.batch_size, "dtype": config.dtype, "num_processes": processes.count,
             "planned": len(plan), "to_run": len(todo_all),
         })  # fmt: skip
-    _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs, processes)
+    _execute(config, rows, todo, results_path, costs_all, pair_key, need_costs, processes)
     processes.wait()  # every process's records are on disk
     if not processes.is_main:
         return None

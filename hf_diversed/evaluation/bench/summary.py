@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .config import DEFAULT_TASKS, LORA_METHOD
-from .costs import _costs_key, analytic_speedup, tau_speedup
+from .costs import analytic_speedup, costs_key, tau_speedup
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -166,7 +166,7 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
             if common and m_sec > 0 and a_sec > 0 and a_tok > 0:
                 row["speedup_matched"] = (m_tok / m_sec) / (a_tok / a_sec)
 
-        cost = costs.get(_costs_key(row["target"], row["draft"], row["dtype"])) if row["draft"] else None
+        cost = costs.get(costs_key(row["target"], row["draft"], row["dtype"])) if row["draft"] else None
         row["analytic_speedup"] = row["analytic_speedup_v1"] = row["c"] = row["v"] = None
         row["tau_speedup"] = row["tau_speedup_v1"] = None
         if cost and row["acceptance_rate"] is not None and row["N"]:
