@@ -666,3 +666,40 @@ def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_n
     assert f"| {tau_model:.2f}× (" in exact_line
     assert any(line.startswith("Costs measured beside the real timing (bfloat16)") for line in lines)
     assert any("dtype bfloat16, CPU" in line and line.startswith("Real speed:") for line in lines)
+
+
+def test_pilot_report_sets_a_pilots_methods_beside_the_tables_on_the_pilots_rows(setup, tmp_path, monkeypatch, capsys):
+    """The pilot that picks Table 1's second lenience and α: its methods and the table's, over the pilot's rows only
+    (the table has more), sorted by acceptance, each with its quality count, Wilson interval and mean w."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import pilot_report
+
+    common = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--batch-size", "4", "--max-new-tokens", "6", "--threads", "1", "-q",
+        "--timed-examples", "0", "--no-costs",
+    ]  # fmt: skip
+    assert (
+        bench.main([*common, "--methods", "exact,static:0", "--num-examples", "3", "--output-dir", str(tmp_path / "t")])
+        == 0
+    )
+    assert (
+        bench.main([*common, "--methods", "lossy:0.3", "--num-examples", "2", "--output-dir", str(tmp_path / "p")]) == 0
+    )
+
+    pilot_report.main(["--pilot", str(tmp_path / "p"), "--table", str(tmp_path / "t")])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 |")]
+    acceptances = [float(row.split(" | ")[6].rstrip("%")) for row in rows]
+    assert acceptances == sorted(acceptances, reverse=True)
+    assert "| 100.0% | 0.00 |" in next(row for row in rows if "| static:0 |" in row)  # w = 0 accepts every draft
+    assert {tuple(row.split(" | ")[1:3]) for row in rows} == {
+        ("exact", "table"),
+        ("static:0", "table"),
+        ("lossy:0.3", "pilot"),
+    }
+    assert all(" | 2 | " in row for row in rows)  # the table's third row is left out
+    records = bench.load_records(tmp_path / "t" / bench.RESULTS_FILE)
+    exact = [r for r in records if r["method"] == "exact" and r["example_index"] < 2]
+    accepted, drafted = sum(r["accepted"] for r in exact), sum(r["drafted"] for r in exact)
+    assert f"| {100 * accepted / drafted:.1f}% |" in next(row for row in rows if "| exact |" in row)
