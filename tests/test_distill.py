@@ -12,6 +12,7 @@ from conftest import chat_model, chat_tokenizer, require_data_dir
 from transformers import LlamaForCausalLM
 
 from hf_diversed.trainer import DraftDistillConfig, build_distill_dataset, distill_draft
+from hf_diversed.trainer.distill_trainer import distillation_args
 
 pytest.importorskip("peft")
 pytest.importorskip("trl")
@@ -175,6 +176,28 @@ def test_cli_main_runs_distill_mode(setup, tmp_path, monkeypatch):
     assert train.main(argv) == 0
     assert (out / "adapter_model.safetensors").is_file()
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 2
+
+
+def test_bfloat16_distillation_trains_where_there_is_no_bf16_gpu(setup, tmp_path, monkeypatch):
+    """The recipe's ``dtype: auto`` is bf16 on a CPU with AVX512-BF16; transformers' bf16 training then needs
+    ``use_cpu``, which the trainer sets where no GPU with bf16 is present."""
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import train
+
+    root, out = setup["root"], tmp_path / "bf16-adapter"
+    argv = [
+        "--mode", "distill_draft", "--config", str(ROOT / "training" / "recipes" / "distill_gsm8k.yaml"),
+        "--target", str(root / "target"), "--draft", str(root / "draft"), "--dtype", "bfloat16",
+        "--data_dir", str(root / "data"), "--max_train_examples", "2", "--max_steps", "1", "--lora_r", "2",
+        "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_length", "128",
+        "--save_steps", "0", "--report_to", "none", "--output_dir", str(out),
+    ]  # fmt: skip
+    assert train.main(argv) == 0
+    assert (out / "adapter_model.safetensors").is_file()
+    args = distillation_args(DraftDistillConfig(task="gsm8k", dtype="bfloat16", output_dir=str(out)))
+    assert args.bf16 and args.use_cpu == (not is_torch_bf16_gpu_available())
 
 
 def test_cli_parses_distill_recipe_with_overrides(monkeypatch):

@@ -206,8 +206,10 @@ def _load_missing(config: DraftDistillConfig, target, draft, tokenizer):
 
 def distillation_args(config: DraftDistillConfig):
     """The :class:`trl.DistillationConfig` that :func:`distill_draft` runs with."""
+    from transformers.utils import is_torch_bf16_gpu_available
     from trl import DistillationConfig
 
+    bf16 = config.dtype == "bfloat16"
     return DistillationConfig(
         output_dir=config.output_dir,
         learning_rate=config.learning_rate,
@@ -223,7 +225,9 @@ def distillation_args(config: DraftDistillConfig):
         temperature=config.temperature,
         beta=config.beta,
         activation_checkpointing=config.gradient_checkpointing,  # transformers 5 name of gradient_checkpointing
-        bf16=config.dtype == "bfloat16",
+        bf16=bf16,
+        # transformers refuses bf16 without a bf16 GPU unless told to train on the CPU, which is then where it runs
+        use_cpu=bf16 and not is_torch_bf16_gpu_available(),
         fp16=config.dtype == "float16",
         seed=config.seed,
         logging_steps=config.logging_steps,
