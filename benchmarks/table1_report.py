@@ -254,6 +254,12 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         ]
     if timed_lines:
         lines += ["", *timed_lines]
+    pilot = out_dir.parent / f"{task}-pilot" / "README.md"
+    if pilot.is_file():
+        lines += [
+            "",
+            f"The second lenience and α, and Chow's and Diff's α, were picked by a 20-row pilot: `{_shown(pilot)}`.",
+        ]
     if summary.get("runs"):
         lines += ["", *format_runs(summary["runs"])]
     lines += frontier_section(records)
