@@ -245,3 +245,19 @@ def test_dataset_is_conversational_prompt_completion(setup):
     assert row["prompt"][0]["role"] == "user" and "Question:" in row["prompt"][0]["content"]
     assert row["completion"][0]["role"] == "assistant"
     assert "####" in row["completion"][0]["content"] and "<<" not in row["completion"][0]["content"]
+
+
+@pytest.mark.slow
+@pytest.mark.real_weights
+def test_an_adapter_of_the_real_draft_names_its_hub_model_as_its_base(setup):
+    """The real draft is converted offline into a local cache, but its adapter (``base_model_name_or_path``, the
+    model card) must name the Hub model it adapts, so that it loads and reads right anywhere."""
+    pytest.importorskip("gguf")
+    from hf_diversed.trainer.distill_trainer import _load_missing
+
+    config = DraftDistillConfig(task="gsm8k", draft="qwen2.5-coder-0.5b-instruct", dtype="float32")
+    _, draft, _ = _load_missing(config, setup["target"], None, setup["tokenizer"])
+    assert draft.name_or_path == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    peft = pytest.importorskip("peft")
+    adapted = peft.get_peft_model(draft, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert adapted.peft_config["default"].base_model_name_or_path == "Qwen/Qwen2.5-Coder-0.5B-Instruct"

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
 import re
 from collections.abc import Mapping
@@ -192,15 +193,22 @@ def __getattr__(name: str):
 def _load_missing(config: DraftDistillConfig, target, draft, tokenizer):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..evaluation.real_models import resolve_model
+    from ..evaluation.real_models import _find_spec, resolve_model
+
+    def load(name: str):
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=dtype).eval()
+        spec = None if os.path.exists(name) else _find_spec(name)
+        if spec is not None:  # converted offline into a local cache: the adapter's base is still the Hub model
+            model.config.name_or_path = model.name_or_path = spec.hub_id  # PEFT reads the model's attribute
+        return model
 
     dtype = getattr(torch, config.dtype)
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.target))
     if target is None:
-        target = AutoModelForCausalLM.from_pretrained(resolve_model(config.target), dtype=dtype).eval()
+        target = load(config.target)
     if draft is None:
-        draft = AutoModelForCausalLM.from_pretrained(resolve_model(config.draft), dtype=dtype).eval()
+        draft = load(config.draft)
     return target, draft, tokenizer
 
 
