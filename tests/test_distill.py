@@ -161,19 +161,23 @@ def test_lmbda_picks_reference_or_sampled_completions(setup, tmp_path, monkeypat
         assert len(sampled) == 1 and all(1 <= n <= prompt_len + 6 - shortest for n in sampled[0])
 
 
+def _cli_argv(root, out, dtype: str, *, batch_size: int, accumulation: int, max_length: int) -> list[str]:
+    """``training/train.py --mode distill_draft`` on the tiny pair: the recipe, one step of 2 examples, LoRA r = 2."""
+    return [
+        "--mode", "distill_draft", "--config", str(ROOT / "training" / "recipes" / "distill_gsm8k.yaml"),
+        "--target", str(root / "target"), "--draft", str(root / "draft"), "--dtype", dtype,
+        "--data_dir", str(root / "data"), "--max_train_examples", "2", "--max_steps", "1", "--lora_r", "2",
+        "--per_device_train_batch_size", str(batch_size), "--gradient_accumulation_steps", str(accumulation),
+        "--max_length", str(max_length), "--save_steps", "0", "--report_to", "none", "--output_dir", str(out),
+    ]  # fmt: skip
+
+
 def test_cli_main_runs_distill_mode(setup, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "training"))
     import train
 
-    root, out = setup["root"], tmp_path / "cli-adapter"
-    argv = [
-        "--mode", "distill_draft", "--config", str(ROOT / "training" / "recipes" / "distill_gsm8k.yaml"),
-        "--target", str(root / "target"), "--draft", str(root / "draft"), "--dtype", "float32",
-        "--data_dir", str(root / "data"), "--max_train_examples", "2", "--max_steps", "1", "--lora_r", "2",
-        "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2", "--max_length", "256",
-        "--save_steps", "0", "--report_to", "none", "--output_dir", str(out),
-    ]  # fmt: skip
-    assert train.main(argv) == 0
+    out = tmp_path / "cli-adapter"
+    assert train.main(_cli_argv(setup["root"], out, "float32", batch_size=1, accumulation=2, max_length=256)) == 0
     assert (out / "adapter_model.safetensors").is_file()
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 2
 
@@ -186,15 +190,8 @@ def test_bfloat16_distillation_trains_where_there_is_no_bf16_gpu(setup, tmp_path
     monkeypatch.syspath_prepend(str(ROOT / "training"))
     import train
 
-    root, out = setup["root"], tmp_path / "bf16-adapter"
-    argv = [
-        "--mode", "distill_draft", "--config", str(ROOT / "training" / "recipes" / "distill_gsm8k.yaml"),
-        "--target", str(root / "target"), "--draft", str(root / "draft"), "--dtype", "bfloat16",
-        "--data_dir", str(root / "data"), "--max_train_examples", "2", "--max_steps", "1", "--lora_r", "2",
-        "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_length", "128",
-        "--save_steps", "0", "--report_to", "none", "--output_dir", str(out),
-    ]  # fmt: skip
-    assert train.main(argv) == 0
+    out = tmp_path / "bf16-adapter"
+    assert train.main(_cli_argv(setup["root"], out, "bfloat16", batch_size=2, accumulation=1, max_length=128)) == 0
     assert (out / "adapter_model.safetensors").is_file()
     args = distillation_args(DraftDistillConfig(task="gsm8k", dtype="bfloat16", output_dir=str(out)))
     assert args.bf16 and args.use_cpu == (not is_torch_bf16_gpu_available())
