@@ -63,6 +63,8 @@ def test_get_spec_by_name_or_hub_id() -> None:
     assert rm.get_spec("QWEN2.5-CODER-1.5B-INSTRUCT").name == "qwen2.5-coder-1.5b-instruct"
     with pytest.raises(RealModelError, match=r"Unknown model 'gpt2'.*smollm2-135m-instruct"):
         rm.get_spec("gpt2")
+    assert rm.find_spec("Qwen/Qwen2.5-Coder-0.5B-Instruct") is rm.get_spec("qwen2.5-coder-0.5b-instruct")
+    assert rm.find_spec("gpt2") is None
 
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -176,19 +176,19 @@ SPECS: dict[str, ModelSpec] = {
 }
 
 
-def get_spec(name: str) -> ModelSpec:
-    """Return the spec for a spec name or Hub id (case-insensitive); raise ``RealModelError`` if unknown."""
-    key = str(name).strip().lower()
-    for spec in SPECS.values():
-        if key in spec.aliases:
-            return spec
-    known = ", ".join(f"{s.name} ({s.hub_id})" for s in SPECS.values())
-    raise RealModelError(f"Unknown model {name!r}. Known offline models: {known}.")
-
-
-def _find_spec(name: object) -> ModelSpec | None:
+def find_spec(name: object) -> ModelSpec | None:
+    """The spec for a spec name or Hub id (case-insensitive), or ``None`` if it names no known model."""
     key = str(name).strip().lower()
     return next((s for s in SPECS.values() if key in s.aliases), None)
+
+
+def get_spec(name: str) -> ModelSpec:
+    """Return the spec for a spec name or Hub id (case-insensitive); raise ``RealModelError`` if unknown."""
+    spec = find_spec(name)
+    if spec is not None:
+        return spec
+    known = ", ".join(f"{s.name} ({s.hub_id})" for s in SPECS.values())
+    raise RealModelError(f"Unknown model {name!r}. Known offline models: {known}.")
 
 
 def default_cache_dir() -> Path:
@@ -593,7 +593,7 @@ def resolve_model(
     """
     if isinstance(name_or_path, (str, os.PathLike)) and os.path.exists(name_or_path):
         return name_or_path
-    spec = _find_spec(name_or_path)
+    spec = find_spec(name_or_path)
     if spec is None:
         return name_or_path
     return ensure_model(spec.name, cache_dir, progress)

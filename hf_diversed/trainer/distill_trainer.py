@@ -193,11 +193,11 @@ def __getattr__(name: str):
 def _load_missing(config: DraftDistillConfig, target, draft, tokenizer):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..evaluation.real_models import _find_spec, resolve_model
+    from ..evaluation.real_models import find_spec, resolve_model
 
     def load(name: str):
         model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=dtype).eval()
-        spec = None if os.path.exists(name) else _find_spec(name)
+        spec = None if os.path.exists(name) else find_spec(name)
         if spec is not None:  # converted offline into a local cache: the adapter's base is still the Hub model
             model.config.name_or_path = model.name_or_path = spec.hub_id  # PEFT reads the model's attribute
         return model
