@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,11 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     # the importable API: summarize an existing output directory
     summary = bench.run_bench(bench.BenchConfig(output_dir=str(out), summarize_only=True, progress=False))
     assert summary["num_records"] == len(grown) and summary["command"].startswith("run_bench(BenchConfig(")
+    # rebuilding from the same records leaves summary.json as it was (its generated_at included)
+    written = (out / bench.SUMMARY_FILE).read_text()
+    time.sleep(1.1)
+    bench.run_bench(bench.BenchConfig(output_dir=str(out), summarize_only=True, progress=False))
+    assert (out / bench.SUMMARY_FILE).read_text() == written
 
 
 def test_greedy_engines_agree_and_lora_draft(setup, tmp_path):

@@ -55,7 +55,7 @@ def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: s
         "runs": summarize_runs(runs or [], records),
         "rows": rows,
     }
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(_clean(summary), indent=2) + "\n", encoding="utf-8")
+    _write_summary(_clean(summary), out_dir / SUMMARY_FILE)
     write_markdown(summary, out_dir / MARKDOWN_FILE)
     try:
         from ..plotting import plot_quality_speed
@@ -65,6 +65,18 @@ def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: s
     except ImportError as err:  # pragma: no cover - matplotlib is in the bench extra
         print(f"warning: no plots ({err}); pip install 'hf-diversed[bench]'", file=sys.stderr)
     return summary
+
+
+def _write_summary(summary: dict, path: Path) -> None:
+    # A rebuild from the same records keeps the file as it was, so re-running a report does not touch it.
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = None
+    text = json.dumps(summary, indent=2) + "\n"
+    if isinstance(previous, dict) and {**previous, "generated_at": summary["generated_at"]} == json.loads(text):
+        return
+    path.write_text(text, encoding="utf-8")
 
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
