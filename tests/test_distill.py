@@ -224,6 +224,7 @@ def test_cli_parses_distill_recipe_with_overrides(monkeypatch):
         ({"lora_r": 0}, r"`lora_r` must be an int >= 1.*--lora_r"),
         ({"lora_r": -2}, "lora_r"),
         ({"train_split": "validation"}, "--train_split"),
+        ({"train_split": "train[1:2:3]"}, "cannot parse split.*--train_split"),
         ({"beta": 1.5}, "beta"),
         ({"target_modules": "q_proj,lm_head"}, "lm_head"),
         ({"push_to_hub": True}, "hub_model_id"),
@@ -242,6 +243,16 @@ def test_dataset_is_conversational_prompt_completion(setup):
     assert row["prompt"][0]["role"] == "user" and "Question:" in row["prompt"][0]["content"]
     assert row["completion"][0]["role"] == "assistant"
     assert "####" in row["completion"][0]["content"] and "<<" not in row["completion"][0]["content"]
+
+
+def test_a_sliced_split_selects_its_rows(setup):
+    """CNN/DM ships only its test split, so its draft trains on ``test[100:]``, the rows Table 1 does not use."""
+    config = DraftDistillConfig(task="cnndm", train_split="test[100:]")
+    assert config.train_split == "test[100:]"
+    data_dir = str(setup["root"] / "data")
+    whole = build_distill_dataset("gsm8k", "train", None, data_dir=data_dir)
+    tail = build_distill_dataset("gsm8k", "train[1:]", None, data_dir=data_dir)
+    assert len(tail) == len(whole) - 1 and tail[0] == whole[1]
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ class DraftDistillConfig:
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id for push_to_hub."})
 
     def __post_init__(self):
-        from ..evaluation.tasks import get_task
+        from ..evaluation.tasks import get_task, parse_split
 
         def integer(name: str, minimum: int) -> None:
             value = getattr(self, name)
@@ -73,10 +73,14 @@ class DraftDistillConfig:
             task = get_task(self.task)
         except ValueError as exc:
             raise ValueError(f"{exc}; pass one of them as --task.") from None
-        if self.train_split not in task.splits:
+        try:
+            split_name = parse_split(self.train_split)[0]
+        except ValueError as exc:
+            raise ValueError(f"{exc} (--train_split)") from None
+        if split_name not in task.splits:
             raise ValueError(
-                f"task {task.name!r} has no split {self.train_split!r}; pass --train_split as one of "
-                f"{', '.join(task.splits)}."
+                f"task {task.name!r} has no split {split_name!r}; pass --train_split as one of "
+                f"{', '.join(task.splits)}, optionally sliced like test[100:]."
             )
         for name in ("lora_r", "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps"):
             integer(name, 1)
