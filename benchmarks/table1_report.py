@@ -179,17 +179,23 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     return rows, [line], costs
 
 
-def _in_progress(rows: list[dict]) -> str:
-    """A warning while methods have different numbers of examples: the sampler records a sequence when it ends, so
-    short completions (more often right on GSM8K) come in first, and a method added later looks better than it is."""
-    counts = {r["n"] for r in rows}
-    if len(counts) <= 1:
+def _in_progress(records: list[dict]) -> str:
+    """A warning while a method's examples are not yet rows 0..n-1: the sampler records a sequence when it ends, so
+    short completions (more often right on GSM8K) come in first, and a method caught mid-run looks better than it
+    is. A method that holds a prefix of the rows (the 50-row extras beside the 150-row methods) is complete."""
+    rows: dict[tuple, set[int]] = {}
+    for r in records:
+        if r.get("engine") == "sampler":
+            rows.setdefault((r["temperature"], r["method"], r["N"]), set()).add(int(r["example_index"]))
+    partial = {key: len(done) for key, done in rows.items() if done != set(range(len(done)))}
+    if not partial:
         return ""
     return (
-        f" **In progress:** methods have {min(counts)}–{max(counts)} examples so far, and short completions are "
-        "recorded first, so a method's row (and any pairing over the examples it has) leans towards the problems it "
-        "answered briefly; until the run completes, compare methods in the frontier comparison below, which uses "
-        "only the examples every method has finished."
+        f" **In progress:** {len(partial)} of {len(rows)} methods hold examples beyond a prefix of the rows "
+        f"({min(partial.values())}–{max(partial.values())} examples), and short completions are recorded first, so "
+        "such a method's row (and any pairing over the examples it has) leans towards the problems it answered "
+        "briefly; until the run completes, compare methods in the frontier comparison below, which uses only the "
+        "examples every method has finished."
     )
 
 
@@ -218,7 +224,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         f"{', '.join(sorted({str(r['dtype']) for r in records}))}; max new tokens "
         f"{', '.join(sorted({str(r['max_new_tokens']) for r in records}))}. Quality and acceptance come from the "
         "batched law-exact sampler; exact SD has the target's law, so its row is the target alone's quality."
-        + _in_progress(rows),
+        + _in_progress(records),
         "",
         "| T | method | N | n | quality ×100 [95% CI] | Δ vs target [95% CI] | acceptance | per position | "
         "tokens/round τ | mean w | cut at max | τ model (v=1) | i.i.d. model (v=1) | real speedup (n timed) | "

@@ -635,6 +635,22 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
     )
 
 
+def test_table1_report_calls_a_run_in_progress_only_while_a_method_lacks_a_prefix_of_the_rows(monkeypatch):
+    """Methods run on different row counts by design (150 rows, 50-row extras): each holding rows 0..n-1 is a
+    complete run. A method with a hole (short completions recorded first) is one caught mid-run."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import table1_report
+
+    def records(method: str, rows) -> list[dict]:
+        return [{"engine": "sampler", "temperature": 1.0, "method": method, "N": 5, "example_index": i} for i in rows]
+
+    complete = records("exact", range(150)) + records("lossy:0.2", range(50))
+    assert table1_report._in_progress(complete) == ""
+    assert table1_report._in_progress(complete + [{**complete[0], "engine": "loop"}]) == ""
+    warning = table1_report._in_progress(complete + records("cascade-chow:0.3", [0, 1, 3]))
+    assert "**In progress:** 1 of 3 methods" in warning and "(3–3 examples)" in warning
+
+
 def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_names_its_dtype(
     setup, tmp_path, monkeypatch
 ):
