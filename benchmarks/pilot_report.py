@@ -3,7 +3,8 @@
 Table 1 asks for a second lenience, a second SpecCascade α, and Chow and Diff at one α each, with values chosen by
 a 20-row pilot so that the points land inside the static sweep's range. This prints, for the first K rows (the
 pilot's), every method of the pilot and of the Table 1 run sorted by acceptance (accepted / drafted), with the
-quality count, its Wilson interval and mean w. On 20 rows the quality intervals span ±20 points, so the pick
+quality (a count with its Wilson interval for 0/1 rewards; for ROUGE-2, recorded in points, the mean with a
+bootstrap interval) and mean w. On 20 rows the quality intervals span ±20 points, so the pick
 rests on acceptance: a value whose acceptance lies between the static points' is inside the frontier's range.
 
     python benchmarks/pilot_report.py --pilot docs/table1/gsm8k-pilot --table docs/table1/gsm8k
@@ -16,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from hf_diversed import bench
-from hf_diversed.evaluation.bench.summary import wilson_interval
+from hf_diversed.evaluation.bench.summary import bootstrap_interval, wilson_interval
 
 
 def pilot_rows(pilot: list[dict], table: list[dict], rows: int) -> list[dict]:
@@ -29,8 +30,12 @@ def pilot_rows(pilot: list[dict], table: list[dict], rows: int) -> list[dict]:
     out = []
     for (source, method, temperature, dtype), rs in groups.items():
         drafted = sum(r["drafted"] for r in rs)
-        correct = sum(r["quality"] for r in rs)
-        low, high = wilson_interval(correct, len(rs))
+        scores = [r["quality"] for r in rs]
+        binary = all(q in (0.0, 1.0) for q in scores)
+        if binary:
+            low, high = (100 * x for x in wilson_interval(sum(scores), len(scores)))
+        else:
+            low, high = bootstrap_interval(scores) or (float("nan"), float("nan"))
         out.append(
             {
                 "source": source,
@@ -38,13 +43,19 @@ def pilot_rows(pilot: list[dict], table: list[dict], rows: int) -> list[dict]:
                 "temperature": temperature,
                 "dtype": dtype,
                 "n": len(rs),
-                "quality": correct,
-                "interval": (100 * low, 100 * high),
+                "quality": sum(scores),
+                "binary": binary,
+                "interval": (low, high),
                 "acceptance": sum(r["accepted"] for r in rs) / drafted if drafted else float("nan"),
                 "mean_w": sum(r["weight_sum"] for r in rs) / max(1, sum(r["verified"] for r in rs)),
             }
         )
     return sorted(out, key=lambda row: (row["temperature"], -row["acceptance"]))
+
+
+def _quality(row: dict) -> str:
+    """``7/20`` for 0/1 rewards, else the mean (ROUGE-2, recorded in points)."""
+    return f"{row['quality']:g}/{row['n']}" if row["binary"] else f"{row['quality'] / row['n']:.2f}"
 
 
 def format_rows(rows: list[dict]) -> list[str]:
@@ -56,7 +67,8 @@ def format_rows(rows: list[dict]) -> list[str]:
         low, high = r["interval"]
         lines.append(
             f"| {r['temperature']:g} | {r['method']} | {r['source']} | {r['dtype']} | {r['n']} | "
-            f"{r['quality']:g}/{r['n']} [{low:.0f}, {high:.0f}] | {100 * r['acceptance']:.1f}% | {r['mean_w']:.2f} |"
+            f"{_quality(r)} [{low:.{0 if r['binary'] else 2}f}, {high:.{0 if r['binary'] else 2}f}] | "
+            f"{100 * r['acceptance']:.1f}% | {r['mean_w']:.2f} |"
         )
     return lines
 

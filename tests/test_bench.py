@@ -725,3 +725,21 @@ def test_pilot_report_sets_a_pilots_methods_beside_the_tables_on_the_pilots_rows
     exact = [r for r in records if r["method"] == "exact" and r["example_index"] < 2]
     accepted, drafted = sum(r["accepted"] for r in exact), sum(r["drafted"] for r in exact)
     assert f"| {100 * accepted / drafted:.1f}% |" in next(row for row in rows if "| exact |" in row)
+
+
+def test_pilot_report_gives_rouge_as_a_mean_with_a_bootstrap_interval(monkeypatch):
+    """ROUGE-2 is recorded in points, not as 0/1: the pilot table shows its mean and a bootstrap interval."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import pilot_report
+
+    from hf_diversed.evaluation.bench.summary import bootstrap_interval
+
+    scores = [6.0, 9.5, 12.25, 3.0]
+    records = [
+        {"engine": "sampler", "example_index": i, "method": "exact", "temperature": 1.0, "dtype": "bfloat16",
+         "quality": q, "metric": "rouge2", "drafted": 10, "accepted": 4, "weight_sum": 5.0, "verified": 5}
+        for i, q in enumerate(scores)
+    ]  # fmt: skip
+    (row,) = pilot_report.format_rows(pilot_report.pilot_rows(records, [], rows=4))[2:]
+    low, high = bootstrap_interval(scores)
+    assert f"| exact | pilot | bfloat16 | 4 | 7.69 [{low:.2f}, {high:.2f}] | 40.0% | 1.00 |" in row
