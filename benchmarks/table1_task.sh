@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Table 1 for MBPP or CNN/DM: every invocation of the run, in order, into docs/table1/<task>. Each resumes where it
+# stopped (records already in results.jsonl are skipped), so rerun this script until it prints the report; commit
+# docs/table1 as records come in. The records are bfloat16 (an AVX512-BF16 CPU runs them ~3x faster than
+# float32): keep DTYPE=bfloat16 so that they pool, and run it where the CPU has AVX512-BF16 or AMX.
+#
+#   bash benchmarks/table1_task.sh mbpp             # from the repository root; ~1.5 h of a 2-core AVX512-BF16 CPU
+#   bash benchmarks/table1_task.sh cnndm            # (table1_mbpp.sh / table1_cnndm.sh call this)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TASK=${1:?usage: bash benchmarks/table1_task.sh mbpp|cnndm}
+case "$TASK" in
+# rows at full size, max new tokens, Chow's alpha (each from docs/table1/<task>-pilot)
+mbpp) ROWS=150 MAX_NEW=512 CHOW=0.3 ;;
+cnndm) ROWS=100 MAX_NEW=128 CHOW=0.5 ;; # stories 0-99; the heads and the distilled draft train on 100-355
+*)
+    echo "unknown task '$TASK': pass mbpp or cnndm (GSM8K: bash benchmarks/table1_gsm8k.sh)" >&2
+    exit 2
+    ;;
+esac
+DTYPE=${DTYPE:-bfloat16}
+OUT=docs/table1/$TASK
+LORA_DIR=docs/training/distill-$TASK # python training/train.py --mode distill_draft --config training/recipes/distill_$TASK.yaml
+COMMON=(--tasks "$TASK" --max-new-tokens "$MAX_NEW" --num-assistant-tokens 5 --timed-examples 0 --batch-size 160
+    --threads 2 --dtype "$DTYPE" --output-dir "$OUT")
+
+# 1. T = 1, full size: the target alone (= exact SD), the static sweep, one lenience and one alpha.
+hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples "$ROWS" --static-sweep 0,0.1,0.3,0.5,0.7,0.9 \
+    --methods exact,lossy:0.5,cascade-opt:0.1
+
+# 2. T = 1, 50 rows: a second lenience and alpha, Chow and Diff, and exact SD with the LoRA-distilled draft once it
+#    is trained.
+EXTRA=lossy:0.2,cascade-opt:0.3,cascade-chow:$CHOW,cascade-diff:0.1
+if [[ -f "$LORA_DIR/adapter_config.json" ]]; then
+    hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 50 --lora-draft "$LORA_DIR" \
+        --methods "$EXTRA,exact+lora-draft"
+else
+    hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 50 --methods "$EXTRA"
+fi
+
+# 3. T = 0, 50 rows: greedy exact SD emits the target's greedy tokens, so its row is the target alone.
+hf-diversed bench "${COMMON[@]}" --temperature 0 --num-examples 50 --methods exact,static:0.5,static:0.9,cascade-opt:0.1
+
+python benchmarks/table1_report.py
