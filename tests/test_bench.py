@@ -183,6 +183,12 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     assert (out / "costs.json").is_file() and summary["costs"]
     assert len(_lines(out / bench.RUNS_FILE)) == 3 and summary["runs"]["records"] == len(grown)
 
+    # a command asking for fewer examples summarizes those, while its run log still counts what every earlier
+    # invocation wrote into the folder
+    assert bench.main(_argv(setup, out, examples=1)) == 0
+    summary = json.loads((out / bench.SUMMARY_FILE).read_text())
+    assert all(row["n"] == 1 for row in summary["rows"]) and summary["runs"]["records"] == len(grown)
+
     # the importable API: summarize an existing output directory
     summary = bench.run_bench(bench.BenchConfig(output_dir=str(out), summarize_only=True, progress=False))
     assert summary["num_records"] == len(grown) and summary["command"].startswith("run_bench(BenchConfig(")

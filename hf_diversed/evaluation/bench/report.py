@@ -31,10 +31,11 @@ ASSUMPTIONS = (
 
 def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: str | None = None,
               costs: dict | None = None, config: dict | None = None,
-              runs: Sequence[dict] | None = None) -> dict:  # fmt: skip
+              runs: Sequence[dict] | None = None, run_records: Sequence[dict] | None = None) -> dict:  # fmt: skip
     """Write ``summary.json``, ``results.md`` and the quality/speed plots for ``records``; return the summary.
 
-    ``runs``: the run log's lines (:func:`~.runs.load_runs`), summarized as wall-clock time and throughput."""
+    ``runs``: the run log's lines (:func:`~.runs.load_runs`), summarized as wall-clock time and throughput from
+    ``run_records`` (default ``records``): every record of the folder, as each logged invocation wrote its own."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = summarize_records(records, costs)
@@ -52,7 +53,7 @@ def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: s
         "config": config,
         "cpu_capabilities": sorted({str(r.get("cpu_capability")) for r in records if r.get("cpu_capability")}),
         "costs": costs or {},
-        "runs": summarize_runs(runs or [], records),
+        "runs": summarize_runs(runs or [], records if run_records is None else run_records),
         "rows": rows,
     }
     _write_summary(_clean(summary), out_dir / SUMMARY_FILE)

@@ -276,10 +276,11 @@ def run_bench(config: BenchConfig) -> dict | None:
     processes.wait()  # every process's records are on disk
     if not processes.is_main:
         return None
-    records = [r for r in load_records(results_path) if record_key(r) in planned_keys]
+    every = load_records(results_path)
+    records = [r for r in every if record_key(r) in planned_keys]  # the rows: what this command asked for
     summary_config = {**config.to_dict(), "num_processes": processes.count}
     return summarize(records, out_dir, command=config.command_line, costs=_read_costs(out_dir), config=summary_config,
-                     runs=load_runs(out_dir))  # fmt: skip
+                     runs=load_runs(out_dir), run_records=every)  # fmt: skip
 
 
 def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs, processes) -> None:
