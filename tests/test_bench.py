@@ -534,6 +534,21 @@ def test_table1_report_sets_each_head_beside_each_token_class_rule(monkeypatch):
     assert table1_report.baseline_section(records[: len(rules)]) == []  # no head
 
 
+def test_table1_report_sets_the_distilled_draft_beside_the_base_draft_not_against_the_frontier(monkeypatch):
+    """Exact SD with the LoRA-distilled draft has the target's law: the report pairs it with exact SD on the base
+    draft (what distillation bought is acceptance) and leaves it out of the frontier verdicts."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import table1_report
+
+    sweep = _frontier_records("exact", 0.7, 0.4) + _frontier_records("static:0", 1.0, 0.2)
+    tuned = _frontier_records("exact+lora-draft", 0.8, 0.4, n=50)
+    records = [{**r, "temperature": 1.0, "N": 5, "max_new_tokens": 512} for r in sweep + tuned]
+    (row,) = [line for line in table1_report.draft_section(records) if line.startswith("| exact+lora-draft")]
+    assert row.startswith("| exact+lora-draft | 50 | 80.0% | 70.0% | +10.0 [")
+    assert not any(line.startswith("| exact+lora-draft") for line in table1_report.frontier_section(records))
+    assert table1_report.draft_section(records[: len(sweep)]) == []  # no tuned draft
+
+
 def test_records_name_a_local_model_by_its_path_inside_the_working_directory(tmp_path, monkeypatch):
     """Records keyed by a head directory stay valid in any clone of a repository run from its root."""
     from hf_diversed.evaluation.bench.config import _canonical_model
