@@ -122,64 +122,76 @@ def frontier_section(records: list[dict]) -> list[str]:
     return lines
 
 
-def draft_section(records: list[dict]) -> list[str]:
-    """Each method run with the LoRA-distilled draft (``<rule>+lora-draft``) against the same rule with the base
-    draft, paired on the examples both have."""
+def _paired_section(records: list[dict], pairs, intro: str, names: list[str], columns: list[str]) -> list[str]:
+    """One table per (temperature, N, length): each (method, baseline) from ``pairs(labels)``, method minus
+    baseline on the examples both have (:func:`compare_to_baseline`). ``names``: the leading columns (the method,
+    and the baseline where ``len(names) == 2``); ``columns``: the acceptance and quality headers after n."""
     lines = []
     for (temperature, n, length), group in _sampler_groups(records):
         labels = sorted({method_label(r) for r in group})
-        tuned = [m for m in labels if m.endswith(LORA_SUFFIX) and m.removesuffix(LORA_SUFFIX) in labels]
-        compared = [c for m in tuned if (c := compare_to_baseline(group, m, m.removesuffix(LORA_SUFFIX)))]
+        compared = [c for m, b in pairs(labels) if (c := compare_to_baseline(group, m, b)) is not None]
         if not compared:
             continue
+        header = [*names, "n", *columns]
         lines += [
             "",
-            f"The LoRA-distilled draft against the base draft (T = {temperature:g}, N = {n}, {length} tokens): the "
-            "same rule on the examples both have, paired bootstrap intervals (2,000 resamples). Under exact SD both "
-            "have the target's law, so only acceptance can differ beyond noise.",
+            intro.format(temperature=temperature, n=n, length=length),
             "",
-            "| method | n | acceptance (tuned draft) | acceptance (base draft) | Δ acceptance (points) | quality "
-            "(tuned) | quality (base) | Δ quality |",
-            "|---|---|---|---|---|---|---|---|",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
         ]
         for c in compared:
             acceptance_gap = _gap(c["acceptance_gap"], c["acceptance_gap_ci"], 1.0, ".1f", 100)
             quality_gap = _gap(c["quality_gap"], c["quality_gap_ci"], 1.0, ".1f")
-            lines.append(
-                f"| {c['method']} | {c['n']} | {_pct(c['acceptance'])} | {_pct(c['baseline_acceptance'])} | "
-                f"{acceptance_gap} | {c['quality']:.1f} | {c['baseline_quality']:.1f} | {quality_gap} |"
-            )
+            cells = [c["method"], c["baseline"]][: len(names)]
+            cells += [str(c["n"]), _pct(c["acceptance"]), _pct(c["baseline_acceptance"]), acceptance_gap,
+                      f"{c['quality']:.1f}", f"{c['baseline_quality']:.1f}", quality_gap]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def draft_section(records: list[dict]) -> list[str]:
+    """Each method run with the LoRA-distilled draft (``<rule>+lora-draft``) against the same rule with the base
+    draft, paired on the examples both have."""
+
+    def pairs(labels):
+        return [
+            (m, base) for m in labels if m.endswith(LORA_SUFFIX) and (base := m.removesuffix(LORA_SUFFIX)) in labels
+        ]
+
+    return _paired_section(
+        records,
+        pairs,
+        "The LoRA-distilled draft against the base draft (T = {temperature:g}, N = {n}, {length} tokens): the same "
+        "rule on the examples both have, paired bootstrap intervals (2,000 resamples). Under exact SD both have the "
+        "target's law, so only acceptance can differ beyond noise.",
+        ["method"],
+        [
+            "acceptance (tuned draft)",
+            "acceptance (base draft)",
+            "Δ acceptance (points)",
+            "quality (tuned)",
+            "quality (base)",
+            "Δ quality",
+        ],  # fmt: skip
+    )
 
 
 def baseline_section(records: list[dict]) -> list[str]:
     """Every learned head (``diversed@...``) against each hand-made token-class rule run beside it, paired."""
-    lines = []
-    for (temperature, n, length), group in _sampler_groups(records):
-        labels = sorted({method_label(r) for r in group})
+
+    def pairs(labels):
         heads = [m for m in labels if m.startswith("diversed")]
-        rules = [m for m in labels if m.startswith("token-class:")]
-        compared = [c for h in heads for b in rules if (c := compare_to_baseline(group, h, b)) is not None]
-        if not compared:
-            continue
-        lines += [
-            "",
-            f"Learned heads against the hand-made token-class rules (T = {temperature:g}, N = {n}, {length} tokens): "
-            "head minus rule on the examples both have, paired bootstrap intervals (2,000 resamples).",
-            "",
-            "| head | rule | n | head acceptance | rule acceptance | Δ acceptance (points) | head quality | "
-            "rule quality | Δ quality |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for c in compared:
-            acceptance_gap = _gap(c["acceptance_gap"], c["acceptance_gap_ci"], 1.0, ".1f", 100)
-            quality_gap = _gap(c["quality_gap"], c["quality_gap_ci"], 1.0, ".1f")
-            lines.append(
-                f"| {c['method']} | {c['baseline']} | {c['n']} | {_pct(c['acceptance'])} | "
-                f"{_pct(c['baseline_acceptance'])} | {acceptance_gap} | "
-                f"{c['quality']:.1f} | {c['baseline_quality']:.1f} | {quality_gap} |"
-            )
-    return lines
+        return [(h, b) for h in heads for b in labels if b.startswith("token-class:")]
+
+    return _paired_section(
+        records,
+        pairs,
+        "Learned heads against the hand-made token-class rules (T = {temperature:g}, N = {n}, {length} tokens): "
+        "head minus rule on the examples both have, paired bootstrap intervals (2,000 resamples).",
+        ["head", "rule"],
+        ["head acceptance", "rule acceptance", "Δ acceptance (points)", "head quality", "rule quality", "Δ quality"],
+    )
 
 
 def _costs(out_dir: Path) -> dict:
