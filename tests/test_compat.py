@@ -123,6 +123,18 @@ def test_draft_warpers_apply_once():
         _compat.apply_draft_warpers_once(drafter)
 
 
+def test_greedy_drafter_keeps_a_valid_generation_config():
+    """Greedy builds no sampling warper, so the sampling fields stay as they were: a ``top_k`` of 0 without
+    ``do_sample`` is a config transformers flags as invalid (a warning on every user's first greedy call)."""
+    draft = build_tiny("llama", hidden=32, layers=1, seed=3)
+    config = GenerationConfig(do_sample=False, eos_token_id=1, max_length=30, watermarking_config=None)
+    ids = torch.tensor([[3, 4, 5]])
+    drafter = _compat.AssistedCandidateGenerator(ids, draft, config, {}, logits_processor=LogitsProcessorList())
+    _compat.apply_draft_warpers_once(drafter)
+    drafter.generation_config.validate(strict=True)
+    assert drafter.generation_config.renormalize_logits is False
+
+
 @torch.no_grad()
 def test_batched_sampler_internals():
     """What the batched sampler relies on: generate's processor machinery and DynamicCache's layer tensors."""

@@ -117,6 +117,10 @@ DRAFT_NEUTRAL_FIELDS: dict[str, Any] = {
     "watermarking_config": None,
     "renormalize_logits": False,
 }
+# The fields above that ``_get_logits_processor`` reads only when ``do_sample`` is set.
+SAMPLING_WARPER_FIELDS = frozenset(
+    {"temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h"}
+)
 
 
 def apply_draft_warpers_once(drafter: AssistedCandidateGenerator) -> None:
@@ -133,7 +137,9 @@ def apply_draft_warpers_once(drafter: AssistedCandidateGenerator) -> None:
     """
     config = drafter.generation_config
     for key, value in DRAFT_NEUTRAL_FIELDS.items():
-        setattr(config, key, value)
+        # greedy builds no sampling warper, and a top_k of 0 there makes transformers warn that it is unused
+        if config.do_sample or key not in SAMPLING_WARPER_FIELDS:
+            setattr(config, key, value)
     own = getattr(drafter.assistant_model, "generation_config", None)
     if own is None:
         return
