@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Table 1's real speed: the batch-1 loop on a task's first 10 examples, every method side by side in one run, into
+# docs/table1/<task>-timed. Resumable like the sampler runs (timed records already there are skipped), but a
+# resumed run mixes two machines' timings: finish a task's run on one machine, and rerun from scratch (delete the
+# folder) if it must move. It needs the machine to itself: a second job on the CPU slows the timed loop.
+#
+#   bash benchmarks/table1_timed.sh gsm8k    # ~1 h of a 2-core AVX512-BF16 CPU (512 new tokens)
+#   bash benchmarks/table1_timed.sh mbpp     # ~1 h (512 new tokens)
+#   bash benchmarks/table1_timed.sh cnndm    # ~30 min (128 new tokens)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TASK=${1:?usage: bash benchmarks/table1_timed.sh gsm8k|mbpp|cnndm}
+METHODS=ar,exact,lossy:0.5,cascade-opt:0.1
+case "$TASK" in
+gsm8k)
+    MAX_NEW=512 EXTRA=(--head docs/training/gsm8k-full/lambda-0.1)
+    METHODS=$METHODS,token-class:digits:0,token-class:digits:0.3,diversed
+    ;;
+mbpp) MAX_NEW=512 EXTRA=() ;;
+cnndm) MAX_NEW=128 EXTRA=() ;;
+*)
+    echo "unknown task '$TASK': pass gsm8k, mbpp or cnndm" >&2
+    exit 2
+    ;;
+esac
+hf-diversed bench --tasks "$TASK" --methods "$METHODS" "${EXTRA[@]}" --static-sweep 0,0.1,0.3,0.5,0.7,0.9 \
+    --temperature 1 --num-examples 10 --timed-examples 10 --max-new-tokens "$MAX_NEW" --num-assistant-tokens 5 \
+    --batch-size 64 --threads 2 --dtype "${DTYPE:-bfloat16}" --output-dir "docs/table1/$TASK-timed"
+python benchmarks/table1_report.py
