@@ -70,6 +70,22 @@ def test_stats_mean_weight_is_head_output(small_draft_pair):
     assert isinstance(out, hf_diversed.DiversedGenerateOutput)
 
 
+def test_a_head_the_caller_passes_stays_on_its_device(llama_pair):
+    """As with ``assistant_model``, generate does not move the caller's head: a head on the CPU beside a target on
+    the test device gives the same tokens and weights as one on the target's device, and is still on the CPU."""
+    target, draft = llama_pair
+    on_target = DiversedHead.for_models(target, draft, init_weight=0.3).to(target.device)
+    on_cpu = copy.deepcopy(on_target).cpu()
+    ids = prompts(1, seed=4)[0]
+    outs = []
+    for head in (on_target, on_cpu):
+        torch.manual_seed(0)
+        outs.append(_run(target, draft, ids, "diversed", True, head=head))
+    assert {p.device.type for p in on_cpu.parameters()} == {"cpu"}
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    assert outs[0].diversed_stats.mean_weight == pytest.approx(outs[1].diversed_stats.mean_weight)
+
+
 def test_stats_without_return_dict(llama_pair):
     target, draft = llama_pair
     seq = target.generate(prompts(1)[0], assistant_model=draft, diversed_verifier="exact", max_new_tokens=8)

@@ -21,16 +21,16 @@ _LAST_STATS_ATTR = "_hf_diversed_last_stats"
 
 
 def _resolve_head(head: Any, target) -> DiversedHead:
+    """A head the caller built stays where it is (as an ``assistant_model`` does: the loop moves the hidden states
+    to it and its weights back); one loaded here goes to the target's device."""
     if isinstance(head, DiversedHead):
-        resolved = head
-    elif isinstance(head, (str, os.PathLike)):
-        resolved = load_head(head)
-    else:
-        raise ValueError(
-            f"`diversed_head` expects a repo id, a local path or a DiversedHead, got {type(head).__name__}. "
-            f'Pass e.g. diversed_head="org/head-gsm8k".'
-        )
-    return resolved.to(target.device)
+        return head
+    if isinstance(head, (str, os.PathLike)):
+        return load_head(head).to(target.device)
+    raise ValueError(
+        f"`diversed_head` expects a repo id, a local path or a DiversedHead, got {type(head).__name__}. "
+        f'Pass e.g. diversed_head="org/head-gsm8k".'
+    )
 
 
 def check_pair(target, draft, head: DiversedHead | None) -> None:
