@@ -4,12 +4,13 @@
   heuristic schedule, inside a mixed batch (rows leave and join) and at batch size 1.
 - Sampling, tiny vocabulary: the joint law of the first three tokens, the accepted counts per round and the
   bonus positions match the real loop's empirical laws (two-sample chi-square homogeneity tests), for exact,
-  static, a non-constant head, lossy and a cascade; a sampler with a deliberate mistake fails the same tests.
+  static, a non-constant head, a head that also reads the next-token laws, lossy and a cascade; a sampler with a
+  deliberate mistake fails the same tests.
 - Per verified position, acceptance averages 1 - w * TV(p, q).
 
 False failures. Each law comparison is a chi-square test at level ALPHA = 2e-6 (cells with fewer than 25
 observations in both samples together are pooled, so the chi-square approximation holds); this file makes
-15 of them, so the chance that a correct sampler fails any is <= 15 * 2e-6 = 3e-5 < 1e-4. The acceptance check
+18 of them, so the chance that a correct sampler fails any is <= 18 * 2e-6 = 3.6e-5 < 1e-4. The acceptance check
 is a martingale-difference mean in [-1, 1], bounded by Azuma-Hoeffding: P(|mean| > eps) <= 2 exp(-n eps^2 / 2),
 with eps chosen for 1e-6.
 """
@@ -41,6 +42,16 @@ def _random_head(target, draft, scale: float = 0.5, seed: int = 0) -> DiversedHe
     torch.manual_seed(seed)
     with torch.no_grad():
         head.out.weight.normal_(0.0, scale)
+    return head
+
+
+def _featured_head(target, draft, scale: float = 0.5, seed: int = 0) -> DiversedHead:
+    """A head that also reads max p, max q and TV(p, q), with weights on them large enough to move w."""
+    head = DiversedHead.for_models(target, draft, init_weight=0.5, use_distribution_features=True)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        head.out.weight.normal_(0.0, scale)
+        head.out.weight[0, -3:] = torch.tensor([4.0, -4.0, 3.0])
     return head
 
 
@@ -108,6 +119,36 @@ def test_draft_on_another_device_than_the_target(pair):
         i, rule = result.tag
         tokens, stats = _generate(target, cpu_draft, ids[i], config, rule, head)
         _assert_same(tokens, stats, result, f"prompt {i}, {rule}, draft on the CPU")
+
+
+def test_a_head_reading_the_next_token_laws(pair):
+    """A head with ``use_distribution_features`` (max p, max q, TV at each position): the sampler emits what
+    generate emits, and the trace's features give back, through the head, the very w the walk used (what the
+    trainer recomputes)."""
+    from hf_diversed.modeling.modeling_diversed_head import position_weights
+    from hf_diversed.trainer.rollout import collect_rollout
+
+    target, draft, _ = pair
+    head = _featured_head(target, draft)
+    config = SamplerConfig(max_new_tokens=16, do_sample=False, num_assistant_tokens=3)
+    ids = prompts(3, seed=21)
+    requests = [SampleRequest(p, "diversed", head=head, tag=i) for i, p in enumerate(ids)]
+    for result in sample_batched(target, draft, requests, config, batch_size=2):
+        tokens, stats = _generate(target, draft, ids[result.tag], config, "diversed", head)
+        _assert_same(tokens, stats, result, f"prompt {result.tag}, featured head")
+    sampled = SamplerConfig(max_new_tokens=16, do_sample=True, num_assistant_tokens=3)
+    requests = [SampleRequest(p, "diversed", head=head, seed=i) for i, p in enumerate(ids)]
+    for result in sample_batched(target, draft, requests, sampled, batch_size=3, return_trace=True):
+        t = result.trace
+        features = torch.stack([t.max_p, t.max_q, t.tv], -1)
+        assert float(t.w.std()) > 0.01  # w moves with the features
+        torch.testing.assert_close(position_weights(head, t.h_draft, t.h_target, features), t.w, atol=1e-5, rtol=0)
+    torch.manual_seed(0)
+    rollout = collect_rollout(target, draft, head, ids[0], max_new_tokens=16, temperature=1.0, num_assistant_tokens=3)
+    torch.testing.assert_close(
+        position_weights(head, rollout.h_draft, rollout.h_target, rollout.distribution_features()),
+        rollout.w_old, atol=1e-5, rtol=0,
+    )  # fmt: skip
 
 
 def test_greedy_equals_real_loop_at_batch_size_one_with_eos(pair):
@@ -191,8 +232,17 @@ def _chi2_pvalue(a: Counter, b: Counter) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
 
 
-def _real_laws(tiny_pair, rule: str) -> dict[str, Counter]:
+def _rule_and_head(tiny_pair, rule: str):
+    """``"diversed+features"``: the DIVERSED rule with a head that reads the next-token laws too."""
     target, draft, head = tiny_pair
+    if rule == "diversed+features":
+        return "diversed", _featured_head(target, draft, scale=1.0, seed=2)
+    return rule, head
+
+
+def _real_laws(tiny_pair, rule: str) -> dict[str, Counter]:
+    target, draft, _ = tiny_pair
+    rule, head = _rule_and_head(tiny_pair, rule)
     laws = {"tokens": Counter(), "accepted": Counter(), "bonus": Counter()}
     torch.manual_seed(1234)
     for _ in range(N_REAL):
@@ -203,7 +253,8 @@ def _real_laws(tiny_pair, rule: str) -> dict[str, Counter]:
 
 
 def _sampler_laws(tiny_pair, rule: str, sampler_class=_Sampler) -> dict[str, Counter]:
-    target, draft, head = tiny_pair
+    target, draft, _ = tiny_pair
+    rule, head = _rule_and_head(tiny_pair, rule)
     requests = [
         SampleRequest(PROMPT, rule, head=head if rule == "diversed" else None, seed=s) for s in range(N_SAMPLER)
     ]
@@ -225,7 +276,9 @@ def _real(tiny_pair, rule):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule", ["exact", "static:0.5", "diversed", "lossy:0.7", "cascade-opt:0.3"])
+@pytest.mark.parametrize(
+    "rule", ["exact", "static:0.5", "diversed", "diversed+features", "lossy:0.7", "cascade-opt:0.3"]
+)
 def test_sampled_laws_match_real_loop(tiny_pair, rule):
     real, ours = _real(tiny_pair, rule), _sampler_laws(tiny_pair, rule)
     for what in ("tokens", "accepted", "bonus"):

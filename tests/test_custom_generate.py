@@ -44,9 +44,11 @@ def _load_module():
 cg = _load_module()
 
 
-def _head(target, draft, hidden: int = 0) -> DiversedHead:
+def _head(target, draft, hidden: int = 0, features: bool = False) -> DiversedHead:
     """A head whose weight varies per token (a random, non-zero output layer)."""
-    head = DiversedHead.for_models(target, draft, init_weight=0.5, head_hidden_size=hidden)
+    head = DiversedHead.for_models(
+        target, draft, init_weight=0.5, head_hidden_size=hidden, use_distribution_features=features
+    )
     torch.manual_seed(5)
     torch.nn.init.normal_(head.out.weight, std=2.0)
     return head.eval()
@@ -91,6 +93,24 @@ def test_greedy_tokens_equal_hf_diversed(llama_pair, head_dir, n):
         assert out.dtype == torch.long and torch.equal(out, ref)
     w = torch.cat([entry["w"] for entry in trace])
     assert w.std() > 0.05, "the head should weigh tokens differently, or the test proves little"
+
+
+def test_a_head_reading_the_next_token_laws_decodes_as_in_hf_diversed(llama_pair, tmp_path):
+    """A head with ``use_distribution_features``: greedy tokens, and sampled ones under the same seed, equal."""
+    target, draft = llama_pair
+    folder = tmp_path / "featured"
+    head = _head(target, draft, hidden=8, features=True)
+    with torch.no_grad():
+        head.hidden.weight[:, -3:] = 4.0 * torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
+    head.save_pretrained(folder)
+    write_custom_generate(folder, str(folder))
+    for i, ids in enumerate(prompts(2)):
+        for kwargs in (dict(max_new_tokens=24), dict(max_new_tokens=24, do_sample=True)):
+            torch.manual_seed(200 + i)
+            ref = _reference(target, draft, ids, folder, 3, **kwargs)
+            torch.manual_seed(200 + i)
+            out = _custom(target, draft, ids, folder, num_assistant_tokens=3, **kwargs)
+            assert torch.equal(out, ref)
 
 
 def test_custom_generate_receives_diversed_head_when_hf_diversed_is_imported(llama_pair, head_dir, tmp_path):
@@ -174,6 +194,16 @@ def test_head_forward_equals_diversed_head(llama_pair):
             ours = cg.EnsembleHead(head.config.to_dict(), state).weight(h_d, h_t)
             with torch.no_grad():
                 assert torch.equal(ours, head(h_d, h_t).weight)
+    from hf_diversed.modeling.modeling_diversed_head import distribution_features
+
+    p, q = torch.randn(2, 7, 50, generator=g).softmax(-1), (3 * torch.randn(2, 7, 50, generator=g)).softmax(-1)
+    head = _head(target, draft, 8, features=True)
+    state = {name: p.detach() for name, p in head.state_dict().items()}
+    ours = cg.EnsembleHead(head.config.to_dict(), state).weight(h_d, h_t, p, q)
+    with torch.no_grad():
+        assert torch.equal(ours, head(h_d, h_t, distribution_features(p, q)).weight)
+    with pytest.raises(ValueError, match="reads the next-token laws"):
+        cg.EnsembleHead(head.config.to_dict(), state).weight(h_d, h_t)
 
 
 # ---------------------------------------------------------------------------------- the rule, statistically

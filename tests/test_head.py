@@ -56,6 +56,42 @@ def test_size_mismatch_names_both_sizes():
         head(torch.zeros(1, 1, 48), torch.zeros(1, 1, 64))
 
 
+def test_a_head_can_also_read_the_next_token_laws(tmp_path):
+    """``use_distribution_features``: w also reads [max p, max q, TV(p, q)] per position; a fresh head is still the
+    static ensemble; the features are required by such a head, refused by any other, and survive a save."""
+    from hf_diversed.modeling.modeling_diversed_head import distribution_features
+
+    g = torch.Generator().manual_seed(3)
+    p, q = (2 * torch.randn(2, 7, 40, generator=g)).softmax(-1), (2 * torch.randn(2, 7, 40, generator=g)).softmax(-1)
+    features = distribution_features(p, q)
+    assert features.shape == (2, 7, 3)
+    torch.testing.assert_close(features[..., 0], p.max(-1).values)
+    torch.testing.assert_close(features[..., 1], q.max(-1).values)
+    torch.testing.assert_close(features[..., 2], 0.5 * (p - q).abs().sum(-1))
+    config = DiversedHeadConfig(target_hidden_size=64, draft_hidden_size=32, init_weight=0.3,
+                                use_distribution_features=True)  # fmt: skip
+    head = DiversedHead(config)
+    assert head.out.weight.shape == (1, 32 + 64 + 3)
+    assert bool((head(*_inputs(), distribution_features=features).weight == torch.tensor(0.3)).all())
+    with torch.no_grad():
+        head.out.weight[0, -3:] = torch.tensor([5.0, -5.0, 2.0])  # reads nothing but the laws
+    w = head(*_inputs(), distribution_features=features).weight
+    z = features @ torch.tensor([5.0, -5.0, 2.0])
+    torch.testing.assert_close(w, head.weight_from_logits(z))
+    with pytest.raises(ValueError, match="reads the two models' next-token laws"):
+        head(*_inputs())
+    with pytest.raises(ValueError, match=r"must have shape \(2, 7, 3\)"):
+        head(*_inputs(), distribution_features=features[..., :2])
+    with pytest.raises(ValueError, match="reads hidden states only"):
+        DiversedHead(DiversedHeadConfig(target_hidden_size=64, draft_hidden_size=32))(
+            *_inputs(), distribution_features=features
+        )
+    head.save_pretrained(tmp_path)
+    loaded = load_head(tmp_path, cache=False)
+    assert loaded.config.use_distribution_features
+    torch.testing.assert_close(loaded(*_inputs(), distribution_features=features).weight, w, rtol=0, atol=0)
+
+
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match=r"`init_weight` must be in \[0, 1\]"):
         DiversedHeadConfig(init_weight=1.5)

@@ -440,6 +440,49 @@ def test_training_starts_from_a_head_fitted_to_a_rule(pair, tmp_path, monkeypatc
         imitate_rule.rule_targets(rule, rollouts)
 
 
+def test_a_head_reading_the_next_token_laws_imitates_a_cascade_then_trains(pair, tmp_path, monkeypatch):
+    """A cascade's deferral is a function of max p, max q and TV, which rollouts record: a head with
+    ``use_distribution_features`` fits it from them, and RL trains such a head (fresh or fitted) on its features."""
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import imitate_rule
+
+    from hf_diversed import SpecCascade
+    from hf_diversed.trainer.rollout import rollout_features
+
+    target, draft = pair
+    ids = [torch.tensor(i) for i in _dataset(200)["input_ids"]]
+    rollouts = collect_rollouts(target, draft, DiversedHead.for_models(target, draft), ids, max_new_tokens=16,
+                                temperature=1.0, num_assistant_tokens=4, seeds=range(200))  # fmt: skip
+    rule = SpecCascade("opt", 0.1)
+    targets, groups = imitate_rule.rule_targets(rule, rollouts)
+    max_p, max_q, tv = rollout_features(rollouts).unbind(-1)
+    assert torch.equal(targets, (max_q < max_p - 0.1 * tv).float())
+    assert 0.1 < float(targets.mean()) < 0.9, "both sides of the rule should occur, or the fit proves little"
+    head = DiversedHead.for_models(target, draft, use_distribution_features=True)
+    h_d, h_t = torch.cat([r.h_draft for r in rollouts]), torch.cat([r.h_target for r in rollouts])
+    metrics = fit_head_to_weights(head, h_d, h_t, targets, groups=groups, holdout=0.25, steps=300,
+                                  learning_rate=5e-2, features=rollout_features(rollouts))  # fmt: skip
+    assert metrics["held_out"]["auc"] > 0.95, metrics
+    head.save_pretrained(tmp_path / "opt-head")
+    trainer = DiversedTrainer(_config(tmp_path, max_steps=1, init_head=str(tmp_path / "opt-head")), target, draft,
+                              train_dataset=_dataset(), reward_funcs=[_trust_draft_reward(target, draft)])  # fmt: skip
+    trainer.train()
+    moved = (trainer.head.out.weight - head.out.weight).detach()[0]
+    assert float(moved[-3:].abs().min()) > 0  # the features' weights got gradients too
+    fresh = DiversedTrainer(_config(tmp_path / "fresh", max_steps=1, use_distribution_features=True), target, draft,
+                            train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
+    assert fresh.head.config.use_distribution_features
+    DiversedHead.for_models(target, draft).save_pretrained(tmp_path / "plain-head")
+    with pytest.raises(ValueError, match="contradicts the head in `init_head`"):
+        DiversedTrainer(_config(tmp_path, init_head=str(tmp_path / "plain-head"), use_distribution_features=True),
+                        target, draft, train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
+    rollouts[0].max_p = None
+    with pytest.raises(ValueError, match="carry no most-likely token probabilities"):
+        imitate_rule.rule_targets(rule, rollouts)
+    with pytest.raises(ValueError, match="these positions carry none"):
+        position_weights(head, h_d, h_t, rollout_features(rollouts))
+
+
 def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
     """`python training/imitate_rule.py`: a tokenizer's digit class, a head fitted and saved with its metrics."""
     monkeypatch.syspath_prepend(str(ROOT / "training"))

@@ -1,14 +1,18 @@
-"""Fit a head to a token-class rule, as a starting point for RL training.
+"""Fit a head to a hand-made rule (a token-class rule or a speculative cascade), as a starting point for RL.
 
     python training/imitate_rule.py --rollouts_cache lr-sweep-gsm8k/rollouts.pt --rule token-class:digits:0 \
         --output_dir outputs/rule-head-gsm8k
+    python training/imitate_rule.py --rollouts_cache lr-sweep-gsm8k/rollouts.pt --rule cascade-opt:0.1 \
+        --use_distribution_features --output_dir outputs/opt-head-gsm8k
     python training/train.py --config training/recipes/gsm8k.yaml --init_head outputs/rule-head-gsm8k
 
-The rollouts (``training/lr_sweep.py`` caches them) carry, per drafted position, both models' hidden states and
-most likely tokens; the rule gives w there (1 where either token is in the class, its w elsewhere) and
+The rollouts (``training/lr_sweep.py`` caches them) carry, per drafted position, both models' hidden states, most
+likely tokens and their probabilities, and TV(p, q); the rule gives w there (a token-class rule: 1 where either
+token is in the class, its w elsewhere; a cascade: its deferral delta from max p, max q and TV) and
 :func:`hf_diversed.trainer.imitation.fit_head_to_weights` fits a fresh head to it, holding out a share of the
-rollouts to say how well the fit carries to new sequences. Writes the head (``save_pretrained``) and
-``imitation.json`` with the fit's metrics.
+rollouts to say how well the fit carries to new sequences. A cascade's delta is a function of max p, max q and
+TV alone, so a head with ``--use_distribution_features`` can represent it. Writes the head (``save_pretrained``)
+and ``imitation.json`` with the fit's metrics.
 """
 
 from __future__ import annotations
@@ -22,17 +26,24 @@ from pathlib import Path
 import torch
 from trl import TrlParser
 
-from hf_diversed.generation.verification import TokenClassEnsemble, parse_token_class_rule
+from hf_diversed.generation.verification import SpecCascade, TokenClassEnsemble, parse_rule
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer.imitation import fit_head_to_weights
-from hf_diversed.trainer.rollout import load_rollouts
+from hf_diversed.trainer.rollout import load_rollouts, rollout_features
 
 
 @dataclass
 class ImitationArguments:
     rollouts_cache: str = field(metadata={"help": "A torch file of rollouts (training/lr_sweep.py's cache)."})
     output_dir: str = field(metadata={"help": "Where the fitted head goes."})
-    rule: str = field(default="token-class:digits:0", metadata={"help": "The token-class rule to imitate."})
+    rule: str = field(
+        default="token-class:digits:0",
+        metadata={"help": "The rule to imitate: token-class:NAME:W or cascade-{chow,diff,opt}:ALPHA."},
+    )
+    use_distribution_features: bool = field(
+        default=False,
+        metadata={"help": "The fitted head also reads max p, max q and TV(p, q) (what a cascade's rule reads)."},
+    )
     target: str = field(default="qwen2.5-coder-1.5b-instruct", metadata={"help": "Target (for the tokenizer)."})
     draft: str = field(default="qwen2.5-coder-0.5b-instruct", metadata={"help": "Draft the head is built for."})
     init_weight: float = field(default=0.5, metadata={"help": "w0 of the head's activation."})
@@ -49,15 +60,28 @@ class ImitationArguments:
     )
 
 
-def rule_targets(rule: TokenClassEnsemble, rollouts: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+def rule_targets(rule: TokenClassEnsemble | SpecCascade, rollouts: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule's w at every drafted position of ``rollouts``, and the index of the rollout of each position."""
-    missing = [i for i, r in enumerate(rollouts) if getattr(r, "top_p", None) is None]
+    if isinstance(rule, TokenClassEnsemble):
+        missing = [i for i, r in enumerate(rollouts) if getattr(r, "top_p", None) is None]
+        what = "most-likely tokens (top_p/top_q)"
+    elif isinstance(rule, SpecCascade):
+        missing = [i for i, r in enumerate(rollouts) if getattr(r, "max_p", None) is None]
+        what = "most-likely token probabilities (max_p/max_q)"
+    else:
+        raise ValueError(
+            f"Cannot imitate {rule.spec()!r}: its w is not a function of what rollouts record. Use a token-class "
+            "rule (token-class:digits:0) or a cascade (cascade-opt:0.1)."
+        )
     if missing:
         raise ValueError(
-            f"rollouts {missing[:5]} carry no most-likely tokens (top_p/top_q); draw them again with this version "
+            f"rollouts {missing[:5]} carry no {what}; draw them again with this version "
             "(training/lr_sweep.py with a new --rollouts_cache)."
         )
-    targets = torch.cat([rule.weights_from_top(r.top_p, r.top_q) for r in rollouts])
+    if isinstance(rule, TokenClassEnsemble):
+        targets = torch.cat([rule.weights_from_top(r.top_p, r.top_q) for r in rollouts])
+    else:
+        targets = torch.cat([rule.weights_from_stats(r.max_p, r.max_q, r.tv) for r in rollouts])
     groups = torch.cat([torch.full((r.num_tokens,), i) for i, r in enumerate(rollouts)])
     return targets, groups
 
@@ -69,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     (args,) = TrlParser((ImitationArguments,)).parse_args_and_config(list(sys.argv[1:] if argv is None else argv))
     target_path, draft_path = resolve_model(args.target), resolve_model(args.draft)
-    rule = parse_token_class_rule(args.rule, AutoTokenizer.from_pretrained(target_path))
+    rule = parse_rule(args.rule, tokenizer=AutoTokenizer.from_pretrained(target_path))
     rollouts = load_rollouts(args.rollouts_cache)
     if not 0 <= args.margin < 0.5:
         raise SystemExit(f"--margin must be in [0, 0.5), got {args.margin}.")
@@ -79,11 +103,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     shells = [type("Shell", (), {"config": c})() for c in configs]  # for_models reads only the configs
     torch.manual_seed(args.seed)
     head = DiversedHead.for_models(*shells, init_weight=args.init_weight, target_model=args.target,
-                                   draft_model=args.draft, task=None)  # fmt: skip
+                                   draft_model=args.draft, task=None,
+                                   use_distribution_features=args.use_distribution_features)  # fmt: skip
     h_draft = torch.cat([r.h_draft for r in rollouts])
     h_target = torch.cat([r.h_target for r in rollouts])
+    features = rollout_features(rollouts) if args.use_distribution_features else None
+    if args.use_distribution_features and features is None:
+        raise SystemExit("--use_distribution_features needs rollouts that record max_p/max_q; draw them again.")
     metrics = fit_head_to_weights(head, h_draft, h_target, targets, groups=groups, holdout=args.holdout,
-                                  steps=args.steps, learning_rate=args.learning_rate, seed=args.seed)  # fmt: skip
+                                  steps=args.steps, learning_rate=args.learning_rate, seed=args.seed,
+                                  features=features)  # fmt: skip
     out = Path(args.output_dir)
     head.save_pretrained(out)
     report = {"rule": rule.spec(), "rollouts": len(rollouts), **metrics, "arguments": asdict(args)}

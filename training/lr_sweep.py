@@ -29,6 +29,7 @@ from trl import TrlParser
 
 from hf_diversed.modeling.modeling_diversed_head import position_weights
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
+from hf_diversed.trainer.rollout import rollout_features
 
 
 @dataclass
@@ -59,15 +60,16 @@ class SweepArguments:
         return rates
 
 
-def _features(blocks) -> tuple[torch.Tensor, torch.Tensor]:
+def _features(blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     rollouts = [r for _, batch, _ in blocks for r in batch]
-    return torch.cat([r.h_draft for r in rollouts]), torch.cat([r.h_target for r in rollouts])
+    return (torch.cat([r.h_draft for r in rollouts]), torch.cat([r.h_target for r in rollouts]),
+            rollout_features(rollouts))  # fmt: skip
 
 
-def _weights(trainer: DiversedTrainer, h_draft: torch.Tensor, h_target: torch.Tensor) -> torch.Tensor:
+def _weights(trainer: DiversedTrainer, h_draft: torch.Tensor, h_target: torch.Tensor, features) -> torch.Tensor:
     head = trainer.accelerator.unwrap_model(trainer.head)
     with torch.no_grad():
-        return position_weights(head, h_draft, h_target)
+        return position_weights(head, h_draft, h_target, features)
 
 
 def draw_block(
@@ -113,20 +115,20 @@ def sweep(
     **trainer_kwargs,
 ) -> list[dict]:
     """For each rate, a fresh head's first ``len(blocks)`` updates on ``blocks``; one record per rate and update."""
-    h_draft, h_target = _features(blocks)
+    h_draft, h_target, features = _features(blocks)
     records = []
     steps = len(blocks)
     for rate in rates:
         run_config = replace(config, learning_rate=rate, steps_per_generation=steps, save_steps=0, num_eval_prompts=0)
         trainer = DiversedTrainer(run_config, target, draft, tokenizer=tokenizer, **trainer_kwargs)
-        w_prev = _weights(trainer, h_draft, h_target)
+        w_prev = _weights(trainer, h_draft, h_target, features)
         records.append({"learning_rate": rate, "update": 0, "mean_w": float(w_prev.mean()),
                         "std_w": float(w_prev.std()), "moved": 0.0})  # fmt: skip
         for update in range(1, steps + 1):
             rows, batch, _ = blocks[update - 1]
             trainer._pending = [(rows, batch, update - 1)]  # the block's rollouts, as steps_per_generation gives them
             metrics = trainer.training_step()
-            w = _weights(trainer, h_draft, h_target)
+            w = _weights(trainer, h_draft, h_target, features)
             records.append(
                 {
                     "learning_rate": rate,

@@ -176,7 +176,8 @@ def _rms_normalize(h: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 class EnsembleHead:
     """The DIVERSED head's forward (``DiversedHead`` of hf-diversed) from its config and safetensors weights.
 
-    ``weight(h_draft (B, T, D_draft), h_target (B, T, D_target)) -> w (B, T)`` in float32.
+    ``weight(h_draft (B, T, D_draft), h_target (B, T, D_target)[, p, q (B, T, V)]) -> w (B, T)`` in float32;
+    a head with ``use_distribution_features`` also reads max p, max q and TV(p, q) per position.
     """
 
     def __init__(self, config: dict[str, Any], weights: dict[str, torch.Tensor], name: str = "head"):
@@ -192,6 +193,7 @@ class EnsembleHead:
         self.init_weight = float(config.get("init_weight", 0.5))
         self.normalize_features = bool(config.get("normalize_features", True))
         self.has_hidden = int(config.get("head_hidden_size", 0) or 0) > 0
+        self.use_distribution_features = bool(config.get("use_distribution_features", False))
         needed = ["out.weight", "out.bias"] + (["hidden.weight", "hidden.bias"] if self.has_hidden else [])
         missing = [key for key in needed if key not in weights]
         if missing:
@@ -214,7 +216,13 @@ class EnsembleHead:
                 "trained for your pair: pass diversed_head=<that head's repository or directory>."
             )
 
-    def weight(self, draft_hidden_states: torch.Tensor, target_hidden_states: torch.Tensor) -> torch.Tensor:
+    def weight(
+        self,
+        draft_hidden_states: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        p: torch.Tensor | None = None,
+        q: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         sizes = (draft_hidden_states.shape[-1], target_hidden_states.shape[-1])
         if sizes != (self.draft_hidden_size, self.target_hidden_size):
             raise ValueError(
@@ -225,11 +233,17 @@ class EnsembleHead:
         h_d, h_t = draft_hidden_states.float(), target_hidden_states.float()
         if self.normalize_features:
             h_d, h_t = _rms_normalize(h_d), _rms_normalize(h_t)
-        x = torch.cat([h_d, h_t], dim=-1)
-        p = self.params
+        parts = [h_d, h_t]
+        if self.use_distribution_features:
+            if p is None or q is None:
+                raise ValueError(f"The DIVERSED head {self.name!r} reads the next-token laws: pass p and q.")
+            p, q = p.float(), q.float()
+            parts.append(torch.stack([p.amax(-1), q.amax(-1), 0.5 * (p - q).abs().sum(-1)], dim=-1))
+        x = torch.cat(parts, dim=-1)
+        params = self.params
         if self.has_hidden:
-            x = torch.nn.functional.silu(torch.nn.functional.linear(x, p["hidden.weight"], p["hidden.bias"]))
-        z = torch.nn.functional.linear(x, p["out.weight"], p["out.bias"]).squeeze(-1)
+            x = torch.nn.functional.silu(torch.nn.functional.linear(x, params["hidden.weight"], params["hidden.bias"]))
+        z = torch.nn.functional.linear(x, params["out.weight"], params["out.bias"]).squeeze(-1)
         w0 = self.init_weight
         return w0 + torch.tanh(z) * torch.where(z > 0, 1.0 - w0, w0)
 
@@ -621,8 +635,12 @@ def _decode(
                     f"({target_logits.shape[-1]}); DIVERSED needs a draft that shares the target's tokenizer."
                 )
             params_device = head.params["out.weight"].device
-            weight = head.weight(h_draft.to(params_device), h_target[:, :-1].to(params_device))
             draft_scores = draft_scores.to(device=target_logits.device, dtype=torch.float32)
+            laws = ()
+            if head.use_distribution_features:
+                laws = (target_logits[:, :gamma].float().softmax(-1).to(params_device),
+                        draft_scores.softmax(-1).to(params_device))  # fmt: skip
+            weight = head.weight(h_draft.to(params_device), h_target[:, :-1].to(params_device), *laws)
         else:
             weight = target_logits.new_ones(1, 0)
             draft_scores = target_logits[:, :0]

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..modeling.draft_vocabulary import apply_draft_vocabulary
-from ..modeling.modeling_diversed_head import DiversedHead
+from ..modeling.modeling_diversed_head import DiversedHead, distribution_features
 from . import _compat
 from .candidate_generator import LastHiddenStateRecorder
 from .stats import DiversedStats
@@ -135,7 +135,7 @@ class SampleRequest:
 class SampleTrace:
     """Per emitted *drafted* position (accepted drafts and corrections, never bonus tokens), as the trainer
     reads a rollout: the token y, p(y), q(y), TV(p, q), the weight w used, whether the draft was accepted, both
-    models' most likely tokens, and the head's inputs."""
+    models' most likely tokens and their probabilities, and the head's inputs."""
 
     tokens: torch.Tensor  # (T,)
     p_y: torch.Tensor  # (T,)
@@ -145,6 +145,8 @@ class SampleTrace:
     accepted: torch.Tensor  # (T,) bool: an accepted draft (False: the correction after a rejection)
     top_p: torch.Tensor  # (T,) argmax p_t: the target's most likely token (what token-class rules look at)
     top_q: torch.Tensor  # (T,) argmax q_t
+    max_p: torch.Tensor  # (T,) max p_t (with max_q and tv: a head's distribution features)
+    max_q: torch.Tensor  # (T,) max q_t
     h_draft: torch.Tensor  # (T, D_draft)
     h_target: torch.Tensor  # (T, D_target)
 
@@ -319,8 +321,8 @@ class _Sampler:
         prompt = request.prompt_ids.reshape(-1).tolist()
         if not prompt:
             raise ValueError(f"request {index} has an empty prompt.")
-        trace = {k: [] for k in ("tokens", "p_y", "q_y", "tv", "w", "accepted", "top_p", "top_q", "h_draft",
-                                 "h_target")}  # fmt: skip
+        trace = {k: [] for k in ("tokens", "p_y", "q_y", "tv", "w", "accepted", "top_p", "top_q", "max_p",
+                                 "max_q", "h_draft", "h_target")}  # fmt: skip
         return _Row(
             index=index, request=request, rule=rule, head=request.head, generator=generator, context=prompt,
             schedule_n=self.config.num_assistant_tokens, trace=trace if self.return_trace else None,
@@ -426,9 +428,13 @@ class _Sampler:
             at = torch.tensor(idx, device=p.device)
             head_w = None
             if head is not None:
+                features = {}
+                if head.config.use_distribution_features:
+                    features["distribution_features"] = distribution_features(p[at], q[at]).unsqueeze(1).to(head.device)
                 head_w = head(
                     draft_hidden_states=h_draft[at].unsqueeze(1).to(head.device),
                     target_hidden_states=h_target[at].unsqueeze(1).to(head.device),
+                    **features,
                 ).weight.to(p.device, p.dtype)
             w[at] = rule.weights(p[at].unsqueeze(1), q[at].unsqueeze(1), head_w).squeeze(1).to(p.dtype)
         return w
@@ -503,6 +509,7 @@ class _Sampler:
         w_list, tv_list = w.tolist(), tv.tolist()
         if any(row.trace is not None for row in rows):
             top_p, top_q = p.argmax(-1).tolist(), q.argmax(-1).tolist()
+            max_p, max_q = p.amax(-1).tolist(), q.amax(-1).tolist()
         for i, row in enumerate(rows):
             if row.k < row.round_n:  # a drafted position
                 if x[i] in self.eos:
@@ -516,7 +523,8 @@ class _Sampler:
                 if row.trace is not None:
                     for key, value in (("tokens", token), ("p_y", float(p[i, token])), ("q_y", float(q[i, token])),
                                        ("tv", tv_list[i]), ("w", w_list[i]), ("accepted", ok),
-                                       ("top_p", top_p[i]), ("top_q", top_q[i])):  # fmt: skip
+                                       ("top_p", top_p[i]), ("top_q", top_q[i]), ("max_p", max_p[i]),
+                                       ("max_q", max_q[i])):  # fmt: skip
                         row.trace[key].append(value)
                     row.trace["h_draft"].append(h_draft[i].float().cpu())
                     row.trace["h_target"].append(h_target[i].float().cpu())
@@ -565,6 +573,8 @@ class _Sampler:
                 accepted=torch.tensor(t["accepted"], dtype=torch.bool),
                 top_p=torch.tensor(t["top_p"], dtype=torch.long),
                 top_q=torch.tensor(t["top_q"], dtype=torch.long),
+                max_p=torch.tensor(t["max_p"], dtype=torch.float32),
+                max_q=torch.tensor(t["max_q"], dtype=torch.float32),
                 h_draft=torch.stack(t["h_draft"]) if t["h_draft"] else torch.zeros(0, dims[0]),
                 h_target=torch.stack(t["h_target"]) if t["h_target"] else torch.zeros(0, dims[1]),
             )

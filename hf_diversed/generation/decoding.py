@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.modeling_diversed_head import DiversedHead
+from ..modeling.modeling_diversed_head import DiversedHead, distribution_features
 from ._compat import (
     ALL_CACHE_NAMES,
     GenerateDecoderOnlyOutput,
@@ -69,7 +69,7 @@ def _trace_round(
 
     Entry keys: ``tokens`` (k,), ``p_y`` / ``q_y`` (k,) target / draft probabilities of the emitted tokens
     (after logits processors), ``tv`` (k,) TV(p_t, q_t), ``w`` (k,) the mixture weight used, ``top_p`` /
-    ``top_q`` (k,) both models' most likely tokens, and, when a
+    ``top_q`` (k,) both models' most likely tokens, ``max_p`` / ``max_q`` (k,) their probabilities, and, when a
     head is present, ``h_draft`` (k, D_draft) and ``h_target`` (k, D_target) (the head's inputs), all
     float32, detached, on CPU.
     """
@@ -87,6 +87,8 @@ def _trace_round(
         "w": weight[0, :k].detach().float().cpu(),
         "top_p": p.argmax(-1).detach().cpu(),
         "top_q": q.argmax(-1).detach().cpu(),
+        "max_p": p.amax(-1).detach().cpu(),
+        "max_q": q.amax(-1).detach().cpu(),
     }
     if target_recorder is not None and candidate_generator.draft_hidden_states is not None:
         entry["h_target"] = target_recorder.states[-1][0, -candidate_length - 1 : -1][:k].detach().float().cpu()
@@ -195,9 +197,16 @@ def assisted_decoding(
         if settings.head is not None and candidate_length > 0:
             h_target = target_recorder.states[-1][:, -candidate_length - 1 : -1]  # (B, gamma, D_target)
             head_device = settings.head.device
+            features = {}
+            if settings.head.config.use_distribution_features:
+                p_drafted = new_logits[:, :candidate_length].float().softmax(-1)
+                features["distribution_features"] = distribution_features(p_drafted, candidate_logits.softmax(-1)).to(
+                    head_device
+                )
             head_weight = settings.head(
                 draft_hidden_states=candidate_generator.draft_hidden_states.to(head_device),
                 target_hidden_states=h_target.to(head_device),
+                **features,
             ).weight.to(new_logits.device)
         verdict = settings.rule.verify(
             draft_tokens,

@@ -349,14 +349,17 @@ class SpecCascade(_MixtureRule):
         _check_unit_interval("SpecCascade alpha", self.alpha, 'SpecCascade("opt", 0.1)')
 
     def weights(self, p, q, head_weight):
-        max_q, max_p = q.amax(-1), p.amax(-1)
+        return self.weights_from_stats(p.amax(-1), q.amax(-1), total_variation(p, q)).to(q.dtype)
+
+    def weights_from_stats(self, max_p: torch.Tensor, max_q: torch.Tensor, tv: torch.Tensor) -> torch.Tensor:
+        """delta from max p, max q and TV(p, q) (any shape; what rollout traces record per position)."""
         if self.rule == "chow":
             defer = max_q < 1.0 - self.alpha
         elif self.rule == "diff":
             defer = max_q < max_p - self.alpha
         else:
-            defer = max_q < max_p - self.alpha * total_variation(p, q)
-        return defer.to(q.dtype)
+            defer = max_q < max_p - self.alpha * tv
+        return defer.float()
 
     def greedy_targets(self, p, q, w, target_logits):
         return torch.where(w.bool(), target_logits[:, : q.shape[1]].argmax(-1), q.argmax(-1))

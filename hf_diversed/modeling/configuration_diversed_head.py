@@ -19,6 +19,9 @@ class DiversedHeadConfig(PreTrainedConfig):
             hidden layer of that width (SiLU).
         normalize_features: RMS-normalise each hidden state before the head (parameter-free), so the
             head's scale does not depend on the language models' activation norms.
+        use_distribution_features: also read, per position, max p_t, max q_t and TV(p_t, q_t) (the quantities
+            the speculative cascades' deferral rules compare), appended to the hidden states. They depend on the
+            context only, never on the drafted token, so the output law stays nu_t.
         initializer_range: std of the normal init of hidden layers.
         target_model, draft_model: provenance, the pair the head was trained for (Hub ids or names).
         vocab_size: the shared vocabulary size of that pair (provenance and a compatibility check).
@@ -36,6 +39,7 @@ class DiversedHeadConfig(PreTrainedConfig):
         init_weight: float = 0.5,
         head_hidden_size: int = 0,
         normalize_features: bool = True,
+        use_distribution_features: bool = False,
         initializer_range: float = 0.02,
         target_model: str | None = None,
         draft_model: str | None = None,
@@ -58,6 +62,7 @@ class DiversedHeadConfig(PreTrainedConfig):
         self.init_weight = float(init_weight)
         self.head_hidden_size = head_hidden_size
         self.normalize_features = normalize_features
+        self.use_distribution_features = bool(use_distribution_features)
         self.initializer_range = initializer_range
         self.target_model = target_model
         self.draft_model = draft_model

@@ -1,6 +1,7 @@
 """The DIVERSED ensemble head: per-token mixture weight w_t from the two models' last hidden states.
 
     z_t = f([n(h_draft_t); n(h_target_t)])          f: Linear (or Linear-SiLU-Linear), n: RMS norm
+    z_t = f([n(h_draft_t); n(h_target_t); max p_t; max q_t; TV(p_t, q_t)])   (use_distribution_features)
     w_t = w0 + tanh(z_t) * (1 - w0 if z_t > 0 else w0)   in [0, 1], w0 = config.init_weight
 
 The output layer starts at zero, so z_t = 0 and w_t = w0 exactly for every input: a fresh head is the
@@ -30,6 +31,16 @@ class DiversedHeadOutput(ModelOutput):
     logits: torch.Tensor | None = None
 
 
+DISTRIBUTION_FEATURES = ("max_p", "max_q", "tv")
+
+
+def distribution_features(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The head's optional per-position inputs from the two next-token laws: probabilities ``p``, ``q``
+    (..., V) -> (..., 3) = [max_v p(v), max_v q(v), TV(p, q) = 1/2 sum_v |p(v) - q(v)|], float32."""
+    p, q = p.float(), q.float()
+    return torch.stack([p.amax(-1), q.amax(-1), 0.5 * (p - q).abs().sum(-1)], dim=-1)
+
+
 def _rms_normalize(h: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
 
@@ -46,6 +57,7 @@ class DiversedHead(PreTrainedModel):
     def __init__(self, config: DiversedHeadConfig):
         super().__init__(config)
         in_features = config.draft_hidden_size + config.target_hidden_size
+        in_features += len(DISTRIBUTION_FEATURES) if config.use_distribution_features else 0
         if config.head_hidden_size > 0:
             self.hidden = nn.Linear(in_features, config.head_hidden_size)
             self.out = nn.Linear(config.head_hidden_size, 1)
@@ -68,16 +80,41 @@ class DiversedHead(PreTrainedModel):
         return w0 + torch.tanh(z) * torch.where(z > 0, 1.0 - w0, w0)
 
     def forward(
-        self, draft_hidden_states: torch.Tensor, target_hidden_states: torch.Tensor, **kwargs
+        self,
+        draft_hidden_states: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        distribution_features: torch.Tensor | None = None,
+        **kwargs,
     ) -> DiversedHeadOutput:
-        """draft_hidden_states (B, T, D_draft), target_hidden_states (B, T, D_target) -> w (B, T)."""
+        """draft_hidden_states (B, T, D_draft), target_hidden_states (B, T, D_target) -> w (B, T).
+
+        ``distribution_features`` (B, T, 3), from :func:`distribution_features`: required when
+        ``config.use_distribution_features`` is set, refused otherwise."""
         if kwargs:
             raise TypeError(f"DiversedHead.forward got unexpected arguments: {sorted(kwargs)}.")
         self._check_sizes(draft_hidden_states.shape[-1], target_hidden_states.shape[-1])
         h_d, h_t = draft_hidden_states.float(), target_hidden_states.float()
         if self.config.normalize_features:
             h_d, h_t = _rms_normalize(h_d), _rms_normalize(h_t)
-        x = torch.cat([h_d, h_t], dim=-1)  # (B, T, D_draft + D_target)
+        parts = [h_d, h_t]
+        if self.config.use_distribution_features:
+            if distribution_features is None:
+                raise ValueError(
+                    "This DIVERSED head reads the two models' next-token laws (use_distribution_features=True): pass "
+                    "distribution_features=hf_diversed.modeling.modeling_diversed_head.distribution_features(p, q)."
+                )
+            if distribution_features.shape != (*h_d.shape[:-1], len(DISTRIBUTION_FEATURES)):
+                raise ValueError(
+                    f"distribution_features must have shape {(*h_d.shape[:-1], len(DISTRIBUTION_FEATURES))} "
+                    f"({', '.join(DISTRIBUTION_FEATURES)} per position), got {tuple(distribution_features.shape)}."
+                )
+            parts.append(distribution_features.float())
+        elif distribution_features is not None:
+            raise ValueError(
+                "This DIVERSED head reads hidden states only (use_distribution_features=False), but "
+                "distribution_features were passed; drop them, or use a head built with use_distribution_features."
+            )
+        x = torch.cat(parts, dim=-1)  # (B, T, D_draft + D_target [+ 3])
         params = {name: p.float() for name, p in self.named_parameters()}
         if self.hidden is not None:
             x = nn.functional.silu(nn.functional.linear(x, params["hidden.weight"], params["hidden.bias"]))
@@ -109,11 +146,29 @@ class DiversedHead(PreTrainedModel):
         return cls(config)
 
 
-def position_weights(head: nn.Module, h_draft: torch.Tensor, h_target: torch.Tensor) -> torch.Tensor:
-    """w_t at n positions given as rows, h_draft (n, D_draft) and h_target (n, D_target) -> (n,).
+def reads_distribution_features(head: nn.Module) -> bool:
+    """Whether ``head`` (or the head inside a wrapper such as DistributedDataParallel) needs
+    ``distribution_features``."""
+    config = getattr(getattr(head, "module", head), "config", None)
+    return bool(getattr(config, "use_distribution_features", False))
+
+
+def position_weights(
+    head: nn.Module, h_draft: torch.Tensor, h_target: torch.Tensor, features: torch.Tensor | None = None
+) -> torch.Tensor:
+    """w_t at n positions given as rows, h_draft (n, D_draft), h_target (n, D_target) and, for a head that reads
+    them, features (n, 3) (:func:`distribution_features`) -> (n,); a head that does not read them ignores them.
 
     Computed where ``head`` lives (a wrapped head too, e.g. by DistributedDataParallel) and returned on the
     features' device: rollout traces stay on the CPU while the head may sit on an accelerator."""
     device = next(head.parameters()).device
-    w = head(draft_hidden_states=h_draft[None].to(device), target_hidden_states=h_target[None].to(device)).weight[0]
-    return w.to(h_draft.device)
+    kwargs = {}
+    if reads_distribution_features(head):
+        if features is None:
+            raise ValueError(
+                "This head reads the two models' next-token laws (use_distribution_features=True), but these "
+                "positions carry none (rollouts drawn before hf-diversed recorded max_p and max_q); draw them again."
+            )
+        kwargs["distribution_features"] = features[None].to(device)
+    w = head(draft_hidden_states=h_draft[None].to(device), target_hidden_states=h_target[None].to(device), **kwargs)
+    return w.weight[0].to(h_draft.device)

@@ -18,6 +18,7 @@ import torch
 
 from ..modeling.modeling_diversed_head import position_weights
 from .imitation import roc_auc
+from .rollout import rollout_features
 
 __all__ = ["head_diagnostics", "reward_push"]
 
@@ -42,7 +43,7 @@ def head_diagnostics(head, rollouts: Sequence, rule=None) -> dict[str, float | N
     h_target = torch.cat([r.h_target for r in rollouts])
     tv = torch.cat([r.tv for r in rollouts]).double()
     with torch.no_grad():
-        w = position_weights(head, h_draft, h_target).double()
+        w = position_weights(head, h_draft, h_target, rollout_features(rollouts)).double()
     out: dict[str, float | None] = {
         "positions": int(w.numel()),
         "mean_w": _mean(w),

@@ -68,6 +68,11 @@ class DiversedTrainerConfig:
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id for push_to_hub."})
     init_weight: float = field(default=0.5, metadata={"help": "w of a fresh head (its static ensemble)."})
     head_hidden_size: int = field(default=0, metadata={"help": "0: one linear layer; >0: hidden layer width."})
+    use_distribution_features: bool = field(
+        default=False,
+        metadata={"help": "The fresh head also reads max p_t, max q_t and TV(p_t, q_t) at each position (what the "
+                  "speculative cascades' deferral rules compare)."},
+    )  # fmt: skip
     init_head: str | None = field(
         default=None,
         metadata={"help": "Start from this head (Hub id or directory, e.g. one fitted to a rule by "

@@ -21,7 +21,7 @@ from ..modeling.model_card import render_head_card
 from ..modeling.modeling_diversed_head import DiversedHead, position_weights
 from .curves import CURVES_FILE, plot_learning_curves
 from .diversed_config import DiversedTrainerConfig
-from .rollout import Rollout, collect_rollouts
+from .rollout import Rollout, collect_rollouts, rollout_features
 
 __all__ = ["DiversedTrainer", "DiversedTrainerConfig", "diversed_policy_loss", "reinforce_pp_advantages"]
 
@@ -110,7 +110,7 @@ def _load_init_head(config: DiversedTrainerConfig) -> DiversedHead:
 
     head = load_head(config.init_head, cache=False)  # trained in place: never the memoised instance
     defaults = DiversedTrainerConfig.__dataclass_fields__
-    for name in ("init_weight", "head_hidden_size"):
+    for name in ("init_weight", "head_hidden_size", "use_distribution_features"):
         if getattr(config, name) != defaults[name].default and getattr(config, name) != getattr(head.config, name):
             raise ValueError(
                 f"`{name}`={getattr(config, name)} contradicts the head in `init_head` ({config.init_head!r}), which "
@@ -225,6 +225,7 @@ class DiversedTrainer:
                 draft,
                 init_weight=config.init_weight,
                 head_hidden_size=config.head_hidden_size,
+                use_distribution_features=config.use_distribution_features,
                 task=config.task,
             )
         from ..generation.api import check_pair
@@ -411,9 +412,11 @@ class DiversedTrainer:
         w_old = torch.cat([r.w_old for r in rollouts], 0)
         device = self.accelerator.device
         h_d, h_t, p_y, q_y, tv, w_old = (x.to(device) for x in (h_d, h_t, p_y, q_y, tv, w_old))
+        features = rollout_features(rollouts)
+        features = None if features is None else features.to(device)
 
         with torch.no_grad():
-            w_ref = position_weights(self.ref_head.to(device), h_d, h_t)
+            w_ref = position_weights(self.ref_head.to(device), h_d, h_t, features)
             eps = torch.finfo(torch.float32).tiny
             log_ratio = (
                 mixture_prob(w_old, p_y, q_y).clamp_min(eps).log() - mixture_prob(w_ref, p_y, q_y).clamp_min(eps).log()
@@ -425,7 +428,7 @@ class DiversedTrainer:
 
         losses, parts = [], {}
         for _ in range(cfg.ppo_epochs):
-            w = position_weights(self.head, h_d, h_t)
+            w = position_weights(self.head, h_d, h_t, features)
             loss, parts = diversed_policy_loss(
                 w, w_old, p_y, q_y, tv, token_adv, clip_eps=cfg.clip_eps, acceptance_coef=cfg.acceptance_coef
             )

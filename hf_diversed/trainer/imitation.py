@@ -59,10 +59,12 @@ def fit_head_to_weights(
     weight_decay: float = 0.0,
     batch_size: int = 8192,
     seed: int = 0,
+    features: torch.Tensor | None = None,
 ) -> dict[str, dict[str, float | None]]:
     """Fit ``head`` in place so that its w matches ``target_w`` in [0, 1] (binary cross-entropy, AdamW).
 
-    ``h_draft`` (T, D_draft), ``h_target`` (T, D_target), ``target_w`` (T,). ``groups`` (T,) names the rollout of
+    ``h_draft`` (T, D_draft), ``h_target`` (T, D_target), ``target_w`` (T,), and ``features`` (T, 3) for a head
+    that reads distribution features. ``groups`` (T,) names the rollout of
     each position: the held-out share ``holdout`` takes whole rollouts (positions of one sequence are alike), so the
     held-out metrics say how the fit carries to new sequences. Returns metrics on the fitted and held-out positions:
     cross-entropy, mean w, mean |w - target|, the AUC of w for the rule's high-w positions, mean w on each side.
@@ -91,7 +93,7 @@ def fit_head_to_weights(
     index = torch.nonzero(fit).squeeze(1)
     for _ in range(steps):
         batch = index[torch.randperm(len(index), generator=generator)[:batch_size]]
-        w = position_weights(head, h_draft[batch], h_target[batch])
+        w = position_weights(head, h_draft[batch], h_target[batch], None if features is None else features[batch])
         w = w.clamp(1e-6, 1 - 1e-6)
         t = target_w[batch]
         loss = -(t * w.log() + (1 - t) * (1 - w).log()).mean()
@@ -100,7 +102,7 @@ def fit_head_to_weights(
         optimizer.zero_grad()
     head.eval()
     with torch.no_grad():
-        w = position_weights(head, h_draft, h_target)
+        w = position_weights(head, h_draft, h_target, features)
     out = {"fit": {"positions": int(fit.sum()), **_metrics(w[fit], target_w[fit])}}
     if bool(held.any()):
         out["held_out"] = {"positions": int(held.sum()), **_metrics(w[held], target_w[held])}

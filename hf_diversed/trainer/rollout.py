@@ -11,7 +11,7 @@ from ..generation.batched import SamplerConfig, SampleRequest, sample_batched
 from ..generation.stats import DiversedStats
 from ..modeling.modeling_diversed_head import DiversedHead
 
-__all__ = ["Rollout", "collect_rollout", "collect_rollouts", "load_rollouts"]
+__all__ = ["Rollout", "collect_rollout", "collect_rollouts", "load_rollouts", "rollout_features"]
 
 
 @dataclass
@@ -21,7 +21,8 @@ class Rollout:
     that define the head's policy nu_t(y) = w_t p_t(y) + (1 - w_t) q_t(y) at the emitted token y_t.
 
     Shapes: ``completion_ids`` (L,), ``h_draft`` (T, D_draft), ``h_target`` (T, D_target), ``p_y``, ``q_y``,
-    ``tv``, ``w_old`` (T,), float32; ``top_p``, ``top_q`` (T,) both models' most likely tokens, int64; on CPU.
+    ``tv``, ``w_old`` (T,), float32; ``top_p``, ``top_q`` (T,) both models' most likely tokens, int64; ``max_p``,
+    ``max_q`` (T,) their probabilities, float32; on CPU.
     ``finish_reason``: "eos" (the sequence ended on its own) or "length" (cut at ``max_new_tokens``).
     """
 
@@ -36,6 +37,15 @@ class Rollout:
     top_p: torch.Tensor | None = None
     top_q: torch.Tensor | None = None
     finish_reason: str | None = None
+    max_p: torch.Tensor | None = None
+    max_q: torch.Tensor | None = None
+
+    def distribution_features(self) -> torch.Tensor | None:
+        """(T, 3) = [max p_t, max q_t, TV(p_t, q_t)], a head's ``distribution_features`` at these positions (None
+        for rollouts drawn before they were recorded)."""
+        if self.max_p is None or self.max_q is None:
+            return None
+        return torch.stack([self.max_p, self.max_q, self.tv], dim=-1)
 
     @property
     def num_tokens(self) -> int:
@@ -107,6 +117,8 @@ def collect_rollout(
         top_p=torch.cat([e["top_p"] for e in trace]) if trace else torch.zeros(0, dtype=torch.long),
         top_q=torch.cat([e["top_q"] for e in trace]) if trace else torch.zeros(0, dtype=torch.long),
         finish_reason="eos" if ended else "length",
+        max_p=cat("max_p"),
+        max_q=cat("max_q"),
     )
 
 
@@ -175,6 +187,8 @@ def collect_rollouts(
                 top_p=trace.top_p,
                 top_q=trace.top_q,
                 finish_reason=result.finish_reason,
+                max_p=trace.max_p,
+                max_q=trace.max_q,
             )
     return out
 
@@ -186,3 +200,11 @@ def load_rollouts(path) -> list[Rollout]:
     if data and isinstance(data[0], tuple):
         return [r for _, batch, _ in data for r in batch]
     return list(data)
+
+
+def rollout_features(rollouts: Sequence[Rollout]) -> torch.Tensor | None:
+    """Every position's distribution features, (sum T, 3) in rollout order; None if a rollout lacks them."""
+    parts = [r.distribution_features() for r in rollouts]
+    if any(part is None for part in parts):
+        return None
+    return torch.cat(parts, 0) if parts else torch.zeros(0, 3)
