@@ -519,6 +519,13 @@ def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
     assert soft["fit"]["mean_target"] == pytest.approx(0.1 + 0.8 * report["fit"]["mean_target"], abs=1e-6)
     with pytest.raises(SystemExit, match="--margin must be in"):
         imitate_rule.main([*args, "--output_dir", str(tmp_path / "bad"), "--margin", "0.5"])
+    opt = tmp_path / "opt-head"  # a cascade, by a head that reads the next-token laws
+    assert imitate_rule.main([*args, "--output_dir", str(opt), "--rule", "cascade-opt:0.1",
+                              "--use_distribution_features"]) == 0  # fmt: skip
+    assert json.loads((opt / "imitation.json").read_text())["rule"] == "cascade-opt:0.1"
+    assert load_head(opt, cache=False).config.use_distribution_features
+    with pytest.raises(ValueError, match="Cannot imitate 'static:0.5'"):
+        imitate_rule.main([*args, "--output_dir", str(tmp_path / "bad"), "--rule", "static:0.5"])
     capsys.readouterr()
 
     # the diagnostics: a fresh head is static (no spread, no correlation), the fitted one follows the rule
