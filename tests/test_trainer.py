@@ -524,7 +524,7 @@ def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
                               "--use_distribution_features"]) == 0  # fmt: skip
     assert json.loads((opt / "imitation.json").read_text())["rule"] == "cascade-opt:0.1"
     assert load_head(opt, cache=False).config.use_distribution_features
-    with pytest.raises(ValueError, match="Cannot imitate 'static:0.5'"):
+    with pytest.raises(ValueError, match="Cannot evaluate 'static:0.5'"):
         imitate_rule.main([*args, "--output_dir", str(tmp_path / "bad"), "--rule", "static:0.5"])
     capsys.readouterr()
 

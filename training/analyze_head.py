@@ -5,7 +5,7 @@
 
 For each head: mean and spread of w over the cached drafted positions, corr(w, TV), mean w where the two models
 agree on the next token and where not, the expected acceptance mean(1 - w TV) beside a static head's with the same
-mean w, and with a token-class rule the AUC of w for the rule's exact positions
+mean w, and with a token-class or cascade rule the AUC of w for the rule's exact positions
 (:func:`hf_diversed.trainer.analysis.head_diagnostics`). Prints a Markdown table; ``--output`` also writes JSON.
 """
 
@@ -30,7 +30,7 @@ COLUMNS = ("mean_w", "std_w", "corr_w_tv", "mean_w_where_agree", "mean_w_where_d
 class AnalysisArguments:
     rollouts_cache: str = field(metadata={"help": "A torch file of rollouts (training/lr_sweep.py's cache)."})
     heads: str = field(metadata={"help": "Comma list of heads (Hub ids or directories)."})
-    rule: str | None = field(default=None, metadata={"help": "A token-class rule to compare w with."})
+    rule: str | None = field(default=None, metadata={"help": "A token-class or cascade rule to compare w with."})
     target: str = field(default="qwen2.5-coder-1.5b-instruct", metadata={"help": "Target (tokenizer of the rule)."})
     output: str | None = field(default=None, metadata={"help": "Also write the diagnostics as JSON here."})
 
@@ -54,9 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers import AutoTokenizer
 
         from hf_diversed.evaluation.real_models import resolve_model
-        from hf_diversed.generation.verification import parse_token_class_rule
+        from hf_diversed.generation.verification import parse_rule
 
-        rule = parse_token_class_rule(args.rule, AutoTokenizer.from_pretrained(resolve_model(args.target)))
+        rule = parse_rule(args.rule, tokenizer=AutoTokenizer.from_pretrained(resolve_model(args.target)))
     rollouts = load_rollouts(args.rollouts_cache)
     results = {name: head_diagnostics(load_head(name), rollouts, rule) for name in args.heads.split(",") if name}
     if args.output:

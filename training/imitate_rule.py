@@ -29,7 +29,7 @@ from trl import TrlParser
 from hf_diversed.generation.verification import SpecCascade, TokenClassEnsemble, parse_rule
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer.imitation import fit_head_to_weights
-from hf_diversed.trainer.rollout import load_rollouts, rollout_features
+from hf_diversed.trainer.rollout import load_rollouts, rollout_features, rule_weights
 
 
 @dataclass
@@ -62,26 +62,7 @@ class ImitationArguments:
 
 def rule_targets(rule: TokenClassEnsemble | SpecCascade, rollouts: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule's w at every drafted position of ``rollouts``, and the index of the rollout of each position."""
-    if isinstance(rule, TokenClassEnsemble):
-        missing = [i for i, r in enumerate(rollouts) if getattr(r, "top_p", None) is None]
-        what = "most-likely tokens (top_p/top_q)"
-    elif isinstance(rule, SpecCascade):
-        missing = [i for i, r in enumerate(rollouts) if getattr(r, "max_p", None) is None]
-        what = "most-likely token probabilities (max_p/max_q)"
-    else:
-        raise ValueError(
-            f"Cannot imitate {rule.spec()!r}: its w is not a function of what rollouts record. Use a token-class "
-            "rule (token-class:digits:0) or a cascade (cascade-opt:0.1)."
-        )
-    if missing:
-        raise ValueError(
-            f"rollouts {missing[:5]} carry no {what}; draw them again with this version "
-            "(training/lr_sweep.py with a new --rollouts_cache)."
-        )
-    if isinstance(rule, TokenClassEnsemble):
-        targets = torch.cat([rule.weights_from_top(r.top_p, r.top_q) for r in rollouts])
-    else:
-        targets = torch.cat([rule.weights_from_stats(r.max_p, r.max_q, r.tv) for r in rollouts])
+    targets = rule_weights(rule, rollouts)
     groups = torch.cat([torch.full((r.num_tokens,), i) for i, r in enumerate(rollouts)])
     return targets, groups
 

@@ -18,7 +18,7 @@ import torch
 
 from ..modeling.modeling_diversed_head import position_weights
 from .imitation import roc_auc
-from .rollout import rollout_features
+from .rollout import rollout_features, rule_weights
 
 __all__ = ["head_diagnostics", "reward_push"]
 
@@ -37,8 +37,8 @@ def head_diagnostics(head, rollouts: Sequence, rule=None) -> dict[str, float | N
     """The head's w on every drafted position of ``rollouts`` (trainer rollouts or sampler traces) and:
 
     mean and spread of w; corr(w, TV); mean w where argmax p = argmax q and where not; the expected acceptance
-    mean(1 - w TV) beside that of a static head with the same mean w; with a token-class ``rule``, the AUC of w
-    for the rule's exact positions and mean w on each side."""
+    mean(1 - w TV) beside that of a static head with the same mean w; with a token-class or cascade ``rule``, the
+    AUC of w for the rule's exact positions and mean w on each side."""
     h_draft = torch.cat([r.h_draft for r in rollouts])
     h_target = torch.cat([r.h_target for r in rollouts])
     tv = torch.cat([r.tv for r in rollouts]).double()
@@ -62,7 +62,7 @@ def head_diagnostics(head, rollouts: Sequence, rule=None) -> dict[str, float | N
             mean_tv_where_disagree=_mean(tv[~agree]),
         )
         if rule is not None:
-            exact = torch.cat([rule.weights_from_top(r.top_p, r.top_q) for r in rollouts]) > 0.5
+            exact = rule_weights(rule, rollouts) > 0.5
             out.update(
                 share_rule_exact=_mean(exact.double()),
                 auc_w_for_rule=roc_auc(w, exact),
@@ -96,7 +96,7 @@ def reward_push(
         for r, a in zip(rollouts, advantages.tolist(), strict=True):
             nu = (r.w_old * r.p_y + (1 - r.w_old) * r.q_y).double().clamp_min(torch.finfo(torch.float32).tiny)
             push = a * (r.p_y.double() - r.q_y.double()) / nu
-            exact = rule.weights_from_top(r.top_p, r.top_q) > 0.5
+            exact = rule_weights(rule, [r]) > 0.5
             masks = (exact, ~exact)
             sums.append([float(push[m].sum()) for m in masks])
             counts.append([float(m.sum()) for m in masks])

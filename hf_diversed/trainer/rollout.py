@@ -11,7 +11,7 @@ from ..generation.batched import SamplerConfig, SampleRequest, sample_batched
 from ..generation.stats import DiversedStats
 from ..modeling.modeling_diversed_head import DiversedHead
 
-__all__ = ["Rollout", "collect_rollout", "collect_rollouts", "load_rollouts", "rollout_features"]
+__all__ = ["Rollout", "collect_rollout", "collect_rollouts", "load_rollouts", "rollout_features", "rule_weights"]
 
 
 @dataclass
@@ -208,3 +208,30 @@ def rollout_features(rollouts: Sequence[Rollout]) -> torch.Tensor | None:
     if any(part is None for part in parts):
         return None
     return torch.cat(parts, 0) if parts else torch.zeros(0, 3)
+
+
+def rule_weights(rule, rollouts: Sequence[Rollout]) -> torch.Tensor:
+    """A hand-made rule's w at every position of ``rollouts`` (sum T,), from what they record: a token-class
+    rule's from both models' most likely tokens, a speculative cascade's delta from max p, max q and TV."""
+    from ..generation.verification import SpecCascade, TokenClassEnsemble
+
+    if isinstance(rule, TokenClassEnsemble):
+        fields, what = ("top_p", "top_q"), "most-likely tokens (top_p/top_q)"
+    elif isinstance(rule, SpecCascade):
+        fields, what = ("max_p", "max_q"), "most-likely token probabilities (max_p/max_q)"
+    else:
+        raise ValueError(
+            f"Cannot evaluate {rule.spec()!r} on recorded rollouts: its w is not a function of what they record. "
+            "Use a token-class rule (token-class:digits:0) or a cascade (cascade-opt:0.1)."
+        )
+    missing = [i for i, r in enumerate(rollouts) if any(getattr(r, f, None) is None for f in fields)]
+    if missing:
+        raise ValueError(
+            f"rollouts {missing[:5]} carry no {what}; draw them again with this version "
+            "(training/lr_sweep.py with a new --rollouts_cache)."
+        )
+    if isinstance(rule, TokenClassEnsemble):
+        parts = [rule.weights_from_top(r.top_p, r.top_q) for r in rollouts]
+    else:
+        parts = [rule.weights_from_stats(r.max_p, r.max_q, r.tv) for r in rollouts]
+    return torch.cat(parts) if parts else torch.zeros(0)
