@@ -28,6 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_diversed import DiversedHead, TokenClassEnsemble
 from hf_diversed.generation.batched import SamplerConfig, SampleRequest, _Sampler, sample_batched
+from hf_diversed.generation.verification import parse_rule
 
 ALPHA = 2e-6
 RULES = [
@@ -149,6 +150,28 @@ def test_a_head_reading_the_next_token_laws(pair):
         position_weights(head, rollout.h_draft, rollout.h_target, rollout.distribution_features()),
         rollout.w_old, atol=1e-5, rtol=0,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", ["cascade-opt:0.1", "cascade-chow:0.9", "cascade-diff:0.01"])
+def test_a_head_set_to_a_cascade_decodes_as_the_cascade(pair, spec):
+    """``DiversedHead.from_cascade``: sharp enough, the head's w is the cascade's deferral delta in {0, 1} at every
+    position, so DIVERSED with it draws, greedy and sampled, exactly what the cascade rule draws (same seeds)."""
+    target, draft, _ = pair
+    cascade = parse_rule(spec)
+    head = DiversedHead.from_cascade(target, draft, cascade.rule, cascade.alpha, sharpness=1e5)
+    ids = prompts(4, seed=31)
+    for do_sample in (False, True):
+        config = SamplerConfig(max_new_tokens=16, do_sample=do_sample, num_assistant_tokens=3)
+        requests = [SampleRequest(p, rule, head=head if rule == "diversed" else None, seed=i, tag=(i, str(rule)))
+                    for i, p in enumerate(ids) for rule in ("diversed", cascade)]  # fmt: skip
+        results = {r.tag: r for r in sample_batched(target, draft, requests, config, batch_size=8, return_trace=True)}
+        weights = []
+        for i in range(len(ids)):
+            as_head, as_rule = results[(i, "diversed")], results[(i, str(cascade))]
+            assert torch.equal(as_head.completion_ids, as_rule.completion_ids), f"{spec}, prompt {i}, {do_sample=}"
+            torch.testing.assert_close(as_head.trace.w, as_rule.trace.w, atol=0, rtol=0)
+            weights.append(as_rule.trace.w)
+        assert 0.05 < float(torch.cat(weights).mean()) < 0.95, "both deferral and trust should occur"
 
 
 def test_greedy_equals_real_loop_at_batch_size_one_with_eos(pair):

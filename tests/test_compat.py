@@ -135,6 +135,17 @@ def test_greedy_drafter_keeps_a_valid_generation_config():
     assert drafter.generation_config.renormalize_logits is False
 
 
+def test_greedy_sampler_passes_a_valid_generation_config():
+    """The batched sampler's greedy settings leave the sampling fields out (as generate's greedy callers do): a
+    ``top_k`` without ``do_sample`` is a config transformers flags as invalid, a warning on every greedy run."""
+    from hf_diversed.generation.batched import SamplerConfig
+
+    model = build_tiny("llama", hidden=32, layers=1, seed=0)
+    for do_sample in (False, True):
+        _, config = _compat.generation_logits_processors(model, **SamplerConfig(do_sample=do_sample).generate_kwargs())
+        config.validate(strict=True)
+
+
 @torch.no_grad()
 def test_batched_sampler_internals():
     """What the batched sampler relies on: generate's processor machinery and DynamicCache's layer tensors."""

@@ -92,6 +92,42 @@ def test_a_head_can_also_read_the_next_token_laws(tmp_path):
     torch.testing.assert_close(loaded(*_inputs(), distribution_features=features).weight, w, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("rule, alpha", [("opt", 0.1), ("chow", 0.3), ("diff", 0.1)])
+def test_a_head_can_start_as_a_speculative_cascade(rule, alpha):
+    """``DiversedHead.from_cascade``: z = k * m with the cascade's margin m (linear in max p, max q, TV), so
+    w > w0 exactly where the cascade defers, |w - delta| <= (1 - tanh(k |m|)) / 2, and hidden states count for nothing
+    until training moves their weights."""
+    from conftest import build_tiny
+
+    from hf_diversed import SpecCascade
+
+    target, draft = build_tiny("llama", 64, 1, seed=0), build_tiny("llama", 32, 1, seed=1)
+    head = DiversedHead.from_cascade(target, draft, rule, alpha, sharpness=50.0)
+    assert head.config.use_distribution_features and head.config.head_hidden_size == 0
+    g = torch.Generator().manual_seed(5)
+    max_p, max_q, tv = torch.rand(3, 2, 7, 500, generator=g).unbind(0)
+    features = torch.stack([max_p, max_q, tv], -1).reshape(2, 7 * 500, 3)
+    delta = SpecCascade(rule, alpha).weights_from_stats(max_p, max_q, tv).reshape(2, -1)
+    h_d, h_t = torch.randn(2, 7 * 500, 32, generator=g), torch.randn(2, 7 * 500, 64, generator=g)
+    w = head(h_d, h_t, distribution_features=features).weight
+    torch.testing.assert_close(w, head(3 * h_d, -h_t, distribution_features=features).weight, atol=0, rtol=0)
+    margin = {"opt": max_p - max_q - alpha * tv, "diff": max_p - max_q - alpha, "chow": 1 - alpha - max_q}[rule]
+    margin = margin.reshape(2, -1)
+    clear = margin.abs() > 1e-5  # float rounding decides the rest
+    assert bool(((w > 0.5) == delta.bool())[clear].all())
+    assert bool(((w - delta).abs() <= 0.5 * (1 - torch.tanh(50 * margin.abs())) + 1e-5).all())
+    assert 0.1 < float(delta.mean()) < 0.9
+    for bad, match in (
+        (dict(head_hidden_size=8), "needs head_hidden_size=0"),
+        (dict(use_distribution_features=False), "needs use_distribution_features=True"),
+        (dict(rule="max"), "Unknown cascade rule 'max'"),
+        (dict(sharpness=0.0), "sharpness > 0"),
+    ):
+        kwargs = dict(rule=rule, alpha=alpha) | bad
+        with pytest.raises(ValueError, match=match):
+            DiversedHead.from_cascade(target, draft, **kwargs)
+
+
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match=r"`init_weight` must be in \[0, 1\]"):
         DiversedHeadConfig(init_weight=1.5)

@@ -483,6 +483,25 @@ def test_a_head_reading_the_next_token_laws_imitates_a_cascade_then_trains(pair,
         position_weights(head, h_d, h_t, rollout_features(rollouts))
 
 
+def test_training_can_start_from_a_speculative_cascade(pair, tmp_path):
+    """``init_head="cascade-opt:0.1"``: the first head is ``DiversedHead.from_cascade`` (the cascade, reading the
+    next-token laws), and RL moves it from there; an MLP cannot be set to the cascade, and says so."""
+    target, draft = pair
+    trainer = DiversedTrainer(_config(tmp_path, max_steps=1, init_head="cascade-opt:0.1"), target, draft,
+                              train_dataset=_dataset(), reward_funcs=[_trust_draft_reward(target, draft)])  # fmt: skip
+    expected = DiversedHead.from_cascade(target, draft, "opt", 0.1)
+    torch.testing.assert_close(trainer.head.out.weight, expected.out.weight, atol=0, rtol=0)
+    assert trainer.head.config.use_distribution_features and trainer.head.config.task == "gsm8k"
+    trainer.train()
+    assert float((trainer.head.out.weight - expected.out.weight).detach().abs().max()) > 0
+    with pytest.raises(ValueError, match="asks for an MLP"):
+        DiversedTrainer(_config(tmp_path, init_head="cascade-opt:0.1", head_hidden_size=8), target, draft,
+                        train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
+    with pytest.raises(ValueError, match="Unknown SpecCascade rule 'max'"):
+        DiversedTrainer(_config(tmp_path, init_head="cascade-max:0.1"), target, draft,
+                        train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
+
+
 def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
     """`python training/imitate_rule.py`: a tokenizer's digit class, a head fitted and saved with its metrics."""
     monkeypatch.syspath_prepend(str(ROOT / "training"))

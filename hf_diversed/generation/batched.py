@@ -107,10 +107,8 @@ class SamplerConfig:
             num_assistant_tokens=self.num_assistant_tokens,
             num_assistant_tokens_schedule=self.num_assistant_tokens_schedule,
         )
-        if self.do_sample:
+        if self.do_sample:  # greedy builds no sampling warper: passing them would only make transformers warn
             kwargs.update(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
-        else:
-            kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
         if self.eos_token_id is not None:
             eos = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
             kwargs.update(eos_token_id=eos, pad_token_id=eos[0])

@@ -41,6 +41,15 @@ def distribution_features(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.stack([p.amax(-1), q.amax(-1), 0.5 * (p - q).abs().sum(-1)], dim=-1)
 
 
+# A speculative cascade (Narasimhan et al., ICLR 2025) defers to the target (delta_t = 1) where a margin m_t > 0,
+# m_t = a . [max p_t, max q_t, TV(p_t, q_t)] + b, linear in the features: (a, b) per rule and lenience alpha.
+CASCADE_MARGINS = {
+    "chow": lambda alpha: ((0.0, -1.0, 0.0), 1.0 - alpha),  # m = 1 - alpha - max q
+    "diff": lambda alpha: ((1.0, -1.0, 0.0), -alpha),  # m = max p - max q - alpha
+    "opt": lambda alpha: ((1.0, -1.0, -alpha), 0.0),  # m = max p - max q - alpha * TV
+}
+
+
 def _rms_normalize(h: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
 
@@ -144,6 +153,42 @@ class DiversedHead(PreTrainedModel):
             **config_kwargs,
         )
         return cls(config)
+
+    @classmethod
+    def from_cascade(
+        cls,
+        target: nn.Module,
+        draft: nn.Module,
+        rule: str = "opt",
+        alpha: float = 0.1,
+        sharpness: float = 50.0,
+        **config_kwargs,
+    ) -> DiversedHead:
+        """A head that starts as the speculative cascade ``rule`` ("chow", "diff" or "opt") with lenience ``alpha``.
+
+        It reads the next-token laws, gives the hidden states weight 0 and sets z_t = k * m_t with the cascade's
+        margin m_t (:data:`CASCADE_MARGINS`; the cascade defers, delta_t = 1, where m_t > 0), k = ``sharpness``. So
+        w_t > w0 exactly where the cascade defers, and |w_t - delta_t| <= max(w0, 1 - w0) * (1 - tanh(k |m_t|)):
+        the cascade as k grows, a head RL can still move (tanh's slope) for moderate k.
+        """
+        if rule not in CASCADE_MARGINS:
+            raise ValueError(f"Unknown cascade rule {rule!r}; use one of {', '.join(CASCADE_MARGINS)}.")
+        if not 0.0 <= alpha <= 1.0 or not sharpness > 0:
+            raise ValueError(f"A cascade head needs alpha in [0, 1] and sharpness > 0, got {alpha} and {sharpness}.")
+        for name, needed in (("use_distribution_features", True), ("head_hidden_size", 0)):
+            if config_kwargs.setdefault(name, needed) != needed:
+                raise ValueError(
+                    f"A head set to a cascade is linear in the next-token laws, so it needs {name}={needed}; drop "
+                    f"{name}={config_kwargs[name]!r} (an MLP head can be fitted to a cascade with "
+                    "training/imitate_rule.py instead)."
+                )
+        head = cls.for_models(target, draft, **config_kwargs)
+        slope, offset = CASCADE_MARGINS[rule](float(alpha))
+        with torch.no_grad():
+            head.out.weight.zero_()
+            head.out.weight[0, -len(DISTRIBUTION_FEATURES) :] = sharpness * torch.tensor(slope)
+            head.out.bias.fill_(sharpness * offset)
+        return head
 
 
 def reads_distribution_features(head: nn.Module) -> bool:

@@ -76,7 +76,9 @@ class DiversedTrainerConfig:
     init_head: str | None = field(
         default=None,
         metadata={"help": "Start from this head (Hub id or directory, e.g. one fitted to a rule by "
-                  "training/imitate_rule.py) instead of a fresh static one."},
+                  "training/imitate_rule.py) instead of a fresh static one; or from a speculative cascade, "
+                  "cascade-{chow,diff,opt}:ALPHA: a linear head reading the next-token laws, set to that cascade "
+                  "(DiversedHead.from_cascade)."},
     )  # fmt: skip
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "Checkpoint directory to resume."})
 

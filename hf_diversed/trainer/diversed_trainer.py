@@ -105,9 +105,27 @@ def _fingerprint(model: torch.nn.Module) -> list[tuple[str, float, float]]:
         ]
 
 
-def _load_init_head(config: DiversedTrainerConfig) -> DiversedHead:
+def _load_init_head(config: DiversedTrainerConfig, target: torch.nn.Module, draft: torch.nn.Module) -> DiversedHead:
+    """``config.init_head``: a cascade spec (``cascade-opt:0.1``: :meth:`DiversedHead.from_cascade`), else a head's
+    Hub id or directory."""
+    from ..generation.verification import SpecCascade, parse_rule
     from ..modeling.hub import load_head
 
+    if config.init_head.strip().lower().startswith("cascade-"):
+        cascade = parse_rule(config.init_head)
+        if not isinstance(cascade, SpecCascade):
+            raise ValueError(
+                f"`init_head`={config.init_head!r} is not a cascade; write cascade-{{chow,diff,opt}}:ALPHA."
+            )
+        if config.head_hidden_size:
+            raise ValueError(
+                f"`init_head`={config.init_head!r} sets a linear head to the cascade, but `head_hidden_size`="
+                f"{config.head_hidden_size} asks for an MLP: drop `head_hidden_size`, or fit an MLP head to the "
+                "cascade with training/imitate_rule.py and pass its directory as `init_head`."
+            )
+        return DiversedHead.from_cascade(
+            target, draft, cascade.rule, cascade.alpha, init_weight=config.init_weight, task=config.task
+        )
     head = load_head(config.init_head, cache=False)  # trained in place: never the memoised instance
     defaults = DiversedTrainerConfig.__dataclass_fields__
     for name in ("init_weight", "head_hidden_size", "use_distribution_features"):
@@ -218,7 +236,7 @@ class DiversedTrainer:
         if config.init_head:
             if head is not None:
                 raise ValueError("Pass the initial head either as `head=` or as `config.init_head`, not both.")
-            head = _load_init_head(config)
+            head = _load_init_head(config, target, draft)
         if head is None:
             head = DiversedHead.for_models(
                 target,
