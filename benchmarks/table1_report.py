@@ -200,7 +200,7 @@ def _costs(out_dir: Path) -> dict:
 
 def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     """The real batch-1 loop's speed from a task's timing run (``<task>-timed``): its summary rows with a speedup,
-    by (temperature, method, N); a line saying how it was timed; its costs (measured in the same run)."""
+    by (temperature, method with its head, N); a line saying how it was timed; its costs (measured in the same run)."""
     records = bench.load_records(timed_dir / bench.RESULTS_FILE)
     loop = [r for r in records if r.get("engine", "loop") == "loop"]
     if not loop:
@@ -209,7 +209,7 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
     costs = _costs(timed_dir)
     summary = bench.summarize(records, timed_dir, command=command, costs=costs, runs=load_runs(timed_dir))
-    rows = {(r["temperature"], r["method"], r["N"]): r for r in summary["rows"] if r.get("speedup") is not None}
+    rows = {(r["temperature"], method_label(r), r["N"]): r for r in summary["rows"] if r.get("speedup") is not None}
     ar = next((r for r in summary["rows"] if r["method"] == "ar" and r.get("tokens_per_s")), None)
     line = (
         f"Real speed: the batch-1 loop on the first {max(r['n_timed'] for r in summary['rows'])} examples at "
@@ -279,11 +279,11 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     for r in rows:
         tau = _model(r.get("tau_speedup"), r.get("tau_speedup_v1"))
         iid = _model(r.get("analytic_speedup"), r.get("analytic_speedup_v1"))
-        t = timed.get((r["temperature"], r["method"], r["N"])) or (r if r.get("speedup") is not None else None)
+        t = timed.get((r["temperature"], method_label(r), r["N"])) or (r if r.get("speedup") is not None else None)
         real = "-" if t is None else f"{t['speedup']:.2f}× ({t.get('n_timed')})"
         ratio = f"{t['speedup'] / r['tau_speedup']:.2f}" if t is not None and r.get("tau_speedup") else "-"
         lines.append(
-            f"| {r['temperature']:g} | {r['method']} | {_num(r['N'], 'd')} | {r['n']} | {format_quality(r)} | "
+            f"| {r['temperature']:g} | {method_label(r)} | {_num(r['N'], 'd')} | {r['n']} | {format_quality(r)} | "
             f"{format_paired_diff(r)} | "
             f"{_pct(r['acceptance_rate'])} | {_pct(r.get('verified_acceptance_rate'))} | "
             f"{_num(r['mean_accepted_per_round'])} | {_num(r['mean_weight'])} | {100 * r['truncated_rate']:.0f}% | "

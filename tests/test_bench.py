@@ -654,6 +654,7 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
         f"| {100 * summary['exact']['acceptance_rate']:.1f}% | {100 * summary['diversed']['acceptance_rate']:.1f}% |"
         in row
     )
+    assert any(line.startswith("| 1 | diversed@runs/head | 5 | 3 |") for line in lines)  # heads named apart
 
 
 def test_table1_report_calls_a_run_in_progress_only_while_a_method_lacks_a_prefix_of_the_rows(monkeypatch):
