@@ -18,6 +18,10 @@ COMMON=(--tasks gsm8k --max-new-tokens 512 --num-assistant-tokens 5 --timed-exam
 hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head "$HEAD_DIR" --static-sweep 0,0.1,0.3,0.5,0.7,0.9 \
     --methods exact,lossy:0.5,cascade-opt:0.1,token-class:digits:0,token-class:digits:0.3,diversed
 
+# 1b. The lambda = 0.01 head on the same rows (the runner takes one --head per invocation; records are keyed by it).
+hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head docs/training/gsm8k-full/lambda-0.01 \
+    --methods diversed
+
 # 2. T = 1, 50 rows: a second lenience and alpha, Chow and Diff (values from docs/table1/gsm8k-pilot), and exact SD
 #    with the LoRA-distilled draft.
 hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 50 --lora-draft "$LORA_DIR" \
