@@ -112,11 +112,7 @@ def _load_init_head(config: DiversedTrainerConfig, target: torch.nn.Module, draf
     from ..modeling.hub import load_head
 
     if config.init_head.strip().lower().startswith("cascade-"):
-        cascade = parse_rule(config.init_head)
-        if not isinstance(cascade, SpecCascade):
-            raise ValueError(
-                f"`init_head`={config.init_head!r} is not a cascade; write cascade-{{chow,diff,opt}}:ALPHA."
-            )
+        cascade: SpecCascade = parse_rule(config.init_head)  # a cascade, or an error naming the valid forms
         if config.head_hidden_size:
             raise ValueError(
                 f"`init_head`={config.init_head!r} sets a linear head to the cascade, but `head_hidden_size`="
