@@ -22,6 +22,10 @@ hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head "$HEA
 hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head docs/training/gsm8k-full/lambda-0.01 \
     --methods diversed
 
+# 1c. The head started as SpecCascade OPT 0.1 (lambda = 0.01) on the same rows.
+hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head docs/training/gsm8k-full/opt0.1-lambda-0.01 \
+    --methods diversed
+
 # 2. T = 1, 50 rows: a second lenience and alpha, Chow and Diff (values from docs/table1/gsm8k-pilot), and exact SD
 #    with the LoRA-distilled draft.
 hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 50 --lora-draft "$LORA_DIR" \
