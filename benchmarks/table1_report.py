@@ -178,16 +178,18 @@ def draft_section(records: list[dict]) -> list[str]:
 
 
 def baseline_section(records: list[dict]) -> list[str]:
-    """Every learned head (``diversed@...``) against each hand-made token-class rule run beside it, paired."""
+    """Every learned head (``diversed@...``) against each rule needing no training run beside it (the token-class
+    rules and the speculative cascades, which a head can start as), paired."""
 
     def pairs(labels):
         heads = [m for m in labels if m.startswith("diversed")]
-        return [(h, b) for h in heads for b in labels if b.startswith("token-class:")]
+        return [(h, b) for h in heads for b in labels if b.startswith(("token-class:", "cascade-"))]
 
     return _paired_section(
         records,
         pairs,
-        "Learned heads against the hand-made token-class rules (T = {temperature:g}, N = {n}, {length} tokens): "
+        "Learned heads against the rules that need no training, the hand-made token-class rules and the "
+        "speculative cascades (T = {temperature:g}, N = {n}, {length} tokens): "
         "head minus rule on the examples both have, paired bootstrap intervals (2,000 resamples).",
         ["head", "rule"],
         ["head acceptance", "rule acceptance", "Δ acceptance (points)", "head quality", "rule quality", "Δ quality"],

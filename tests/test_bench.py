@@ -517,20 +517,26 @@ def test_baseline_comparison_is_paired_with_intervals():
     assert compare_to_baseline(rule + shifted, "diversed@org/h", "token-class:digits:0") is None
 
 
-def test_table1_report_sets_each_head_beside_each_token_class_rule(monkeypatch):
+def test_table1_report_sets_each_head_beside_each_token_class_rule_and_cascade(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import table1_report
 
-    rules = _frontier_records("token-class:digits:0", 0.98, 0.30) + _frontier_records(
-        "token-class:digits:0.3", 0.9, 0.4
+    rules = (
+        _frontier_records("token-class:digits:0", 0.98, 0.30)
+        + _frontier_records("token-class:digits:0.3", 0.9, 0.4)
+        + _frontier_records("cascade-opt:0.1", 0.86, 0.45)
     )
+    others = _frontier_records("static:0.5", 0.85, 0.3) + _frontier_records("lossy:0.5", 0.84, 0.4)
     heads = [{**r, "method": "diversed", "head": h} for h in ("a", "b") for r in _frontier_records("x", 0.9, 0.5)]
-    records = [{**r, "temperature": 1.0, "N": 5, "max_new_tokens": 512} for r in rules + heads]
+    records = [{**r, "temperature": 1.0, "N": 5, "max_new_tokens": 512} for r in rules + others + heads]
     rows = [line for line in table1_report.baseline_section(records) if line.startswith("| diversed@")]
     assert [row.split(" | ")[:2] for row in rows] == [
+        ["| diversed@a", "cascade-opt:0.1"],
         ["| diversed@a", "token-class:digits:0"], ["| diversed@a", "token-class:digits:0.3"],
+        ["| diversed@b", "cascade-opt:0.1"],
         ["| diversed@b", "token-class:digits:0"], ["| diversed@b", "token-class:digits:0.3"],
     ]  # fmt: skip
+    # static and lossy points are the frontier's business, not baselines
     assert table1_report.baseline_section(records[: len(rules)]) == []  # no head
 
 
