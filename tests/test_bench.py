@@ -608,8 +608,9 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
     setup, tmp_path, monkeypatch, capsys
 ):
     """training/ship_head.py: a finished run (one RL step on the tiny pair) and the bench's records of its head
-    become a head folder whose card states the training command, the held-out evaluations, and the head beside the
-    target alone, the draft alone and the token-class rule, against the static frontier."""
+    become a head folder whose card states the training command, the held-out evaluations from its start (here the
+    speculative cascade), and the head beside the target alone, the draft alone, the token-class rule and the cascade,
+    against the static frontier."""
     monkeypatch.syspath_prepend(str(ROOT / "training"))
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import ship_head
@@ -621,12 +622,12 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
         "--draft", str(setup["draft"]), "--dtype", "float32", "--max_train_prompts", "2", "--num_prompts", "2",
         "--max_steps", "1", "--warmup_steps", "0", "--max_new_tokens", "6", "--eval_split", "test[0:2]",
         "--num_eval_prompts", "2", "--eval_steps", "1", "--save_steps", "0", "--report_to", "none",
-        "--output_dir", "runs/head",
+        "--init_head", "cascade-opt:0.1", "--output_dir", "runs/head",
     ]  # fmt: skip
     assert train.main(train_args) == 0
     bench_args = [
         "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
-        "--tasks", "gsm8k", "--methods", "exact,token-class:digits:0,diversed", "--head", "runs/head",
+        "--tasks", "gsm8k", "--methods", "exact,token-class:digits:0,cascade-opt:0.1,diversed", "--head", "runs/head",
         "--static-sweep", "0,0.5", "--num-examples", "3", "--timed-examples", "0", "--no-costs", "--batch-size", "8",
         "--max-new-tokens", "6", "--dtype", "float32", "--threads", "1", "--output-dir", "table1", "-q",
     ]  # fmt: skip
@@ -640,12 +641,13 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
     assert (dest / "model.safetensors").read_bytes() == (tmp_path / "runs" / "head" / "model.safetensors").read_bytes()
     card = (dest / "README.md").read_text()
     assert "python training/train.py --config" in card and "| max_steps | 1 |" in card
-    assert "| untrained (w = 0.5) | 0 |" in card and "| trained | 1 |" in card
+    assert "| start: `cascade-opt:0.1` | 0 |" in card and "| trained | 1 |" in card
     for row in ("| target alone (exact SD's law) | 3 |", "| draft alone (static w = 0) | 3 |", "| this head | 3 |",
-                "| token-class:digits:0 | 3 |"):  # fmt: skip
+                "| token-class:digits:0 | 3 |", "| cascade-opt:0.1 | 3 |"):  # fmt: skip
         assert row in card
     assert "Against the static frontier (exact, static:0, static:0.5" in card
     assert "Head minus `token-class:digits:0` on 3 shared examples" in card
+    assert "Head minus `cascade-opt:0.1` on 3 shared examples" in card
     with pytest.raises(SystemExit, match="no records of the head"):
         ship_head.main(["--run", str(tmp_path / "runs" / "head"), "--table1", "table1", "--dest", str(dest), "--",
                         *train_args])  # fmt: skip

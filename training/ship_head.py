@@ -8,9 +8,10 @@ Arguments after ``--`` are the run's ``training/train.py`` arguments: the card s
 setting it resolves to. The card's Evaluation section holds the run's held-out evaluations (first and last, from
 ``log_history.jsonl``) and, with ``--table1``, the head's rows of the Table 1 run (records that name the head by
 ``--run``'s path): its quality with an interval, acceptance, tokens per round and mean w beside the target alone,
-the draft alone and the hand-made token-class rules; where it lies against the static frontier; and the head minus
-each rule, paired. Writes config.json (the pair named by Hub ids), model.safetensors and README.md into the bundled
-head's folder (``hf_diversed/modeling/heads/<name>/``, or ``--dest``); ``hf-diversed heads`` seeds and pushes it.
+the draft alone, the hand-made token-class rules and the speculative cascades; where it lies against the static
+frontier; and the head minus each rule, paired. Writes config.json (the pair named by Hub ids), model.safetensors
+and README.md into the bundled head's folder (``hf_diversed/modeling/heads/<name>/``, or ``--dest``);
+``hf-diversed heads`` seeds and pushes it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def held_out_section(run: Path, config) -> list[str]:
         "| head | step | " + " | ".join(keys) + " |",
         "|---|---|" + "---|" * len(keys),
     ]
-    for label, entry in ((f"untrained (w = {config.init_weight:g})", first), ("trained", last)):
+    start = f"start: `{config.init_head}`" if config.init_head else f"untrained (w = {config.init_weight:g})"
+    for label, entry in ((start, first), ("trained", last)):
         cells = ["-" if entry.get(k) is None else f"{entry[k]:.3f}" for k in keys]
         rows.append(f"| {label} | {entry['step']} | " + " | ".join(cells) + " |")
     return rows
@@ -79,7 +81,7 @@ def table1_section(table1: Path, head_key: str) -> list[str]:
                          "named it (the path relative to the directory the bench ran in).")  # fmt: skip
     settings = {k: mine[0][k] for k in ("temperature", "N", "max_new_tokens")}
     group = [r for r in records if all(r[k] == v for k, v in settings.items())]
-    rules = sorted({method_label(r) for r in group if r["method"].startswith("token-class:")})
+    rules = sorted({method_label(r) for r in group if r["method"].startswith(("token-class:", "cascade-"))})
     shown = ["exact", "static:0", label, *rules]
     rows = {method_label(r): r for r in summarize_records([r for r in group if method_label(r) in shown])}
     names = {"exact": "target alone (exact SD's law)", "static:0": "draft alone (static w = 0)", label: "this head"}
