@@ -34,4 +34,10 @@ hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 50 --lora-draft 
 # 3. T = 0, 50 rows: greedy exact SD emits the target's greedy tokens, so its row is the target alone.
 hf-diversed bench "${COMMON[@]}" --temperature 0 --num-examples 50 --methods exact,static:0.5,static:0.9,cascade-opt:0.1
 
+# 4. Cross-task (the paper's cross-task table), 50 rows: the MBPP head on GSM8K, once it is trained.
+MBPP_HEAD=docs/training/mbpp-full/opt0.1-lambda-0.01
+if [[ -f "$MBPP_HEAD/model.safetensors" ]]; then
+    hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 50 --head "$MBPP_HEAD" --methods diversed
+fi
+
 python benchmarks/table1_report.py

@@ -41,4 +41,17 @@ fi
 # 3. T = 0, 50 rows: greedy exact SD emits the target's greedy tokens, so its row is the target alone.
 hf-diversed bench "${COMMON[@]}" --temperature 0 --num-examples 50 --methods exact,static:0.5,static:0.9,cascade-opt:0.1
 
+# 4. The task's learned head (started as SpecCascade OPT 0.1, lambda = 0.01) on the full rows, once it is trained;
+#    the runner takes one --head per invocation and keys records by it.
+HEAD_DIR=docs/training/$TASK-full/opt0.1-lambda-0.01
+if [[ -f "$HEAD_DIR/model.safetensors" ]]; then
+    hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples "$ROWS" --head "$HEAD_DIR" --methods diversed
+fi
+
+# 5. Cross-task (the paper's cross-task table), 50 rows: the GSM8K head on MBPP.
+if [[ "$TASK" == mbpp ]]; then
+    hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 50 \
+        --head docs/training/gsm8k-full/opt0.1-lambda-0.01 --methods diversed
+fi
+
 python benchmarks/table1_report.py

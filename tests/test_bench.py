@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -663,6 +664,19 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
         in row
     )
     assert any(line.startswith("| 1 | diversed@runs/head | 5 | 3 |") for line in lines)  # heads named apart
+
+    # the cross-task table: a head trained for another task (its config says so), run on GSM8K's rows, is off the
+    # diagonal; the GSM8K head is on it
+    shutil.copytree(tmp_path / "runs" / "head", tmp_path / "runs" / "code-head")
+    config_file = tmp_path / "runs" / "code-head" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "task": "mbpp"}))
+    assert bench.main([*bench_args[:8], "--methods", "diversed", "--head", "runs/code-head", *bench_args[12:]]) == 0
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "gsm8k").symlink_to(tmp_path / "table1")
+    cross = table1_report.cross_task_section(tmp_path / "root")
+    assert cross[0] == "## Heads across tasks"
+    assert any(line.startswith("| `runs/head` | gsm8k | gsm8k | 5 | 6 | 3 |") for line in cross)
+    assert any(line.startswith("| `runs/code-head` | mbpp | gsm8k | 5 | 6 | 3 |") for line in cross)
 
 
 def test_table1_report_calls_a_run_in_progress_only_while_a_method_lacks_a_prefix_of_the_rows(monkeypatch):
