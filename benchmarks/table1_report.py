@@ -29,6 +29,7 @@ from hf_diversed.evaluation.bench.frontier import (
     compare_to_frontier,
     frontier_methods,
     method_label,
+    unfinished_methods,
 )
 from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
 from hf_diversed.evaluation.bench.runs import format_runs, load_runs
@@ -228,18 +229,14 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
 
 
 def _in_progress(records: list[dict]) -> str:
-    """A warning while a method's examples are not yet rows 0..n-1: the sampler records a sequence when it ends, so
-    short completions (more often right on GSM8K) come in first, and a method caught mid-run looks better than it
-    is. A method that holds a prefix of the rows (the 50-row extras beside the 150-row methods) is complete."""
-    rows: dict[tuple, set[int]] = {}
-    for r in records:
-        if r.get("engine") == "sampler":
-            rows.setdefault((r["temperature"], r["method"], r["N"]), set()).add(int(r["example_index"]))
-    partial = {key: len(done) for key, done in rows.items() if done != set(range(len(done)))}
+    """A warning while a method's examples are not yet rows 0..n-1 (:func:`unfinished_methods`): short completions
+    (more often right on GSM8K) come in first, so a method caught mid-run looks better than it is."""
+    partial = unfinished_methods(records)
+    methods = {(r["temperature"], r["N"], method_label(r)) for r in records if r.get("engine") == "sampler"}
     if not partial:
         return ""
     return (
-        f" **In progress:** {len(partial)} of {len(rows)} methods hold examples beyond a prefix of the rows "
+        f" **In progress:** {len(partial)} of {len(methods)} methods hold examples beyond a prefix of the rows "
         f"({min(partial.values())}–{max(partial.values())} examples), and short completions are recorded first, so "
         "such a method's row (and any pairing over the examples it has) leans towards the problems it answered "
         "briefly; until the run completes, compare methods in the frontier comparison below, which uses only the "

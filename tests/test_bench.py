@@ -649,6 +649,7 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
     assert "Against the static frontier (exact, static:0, static:0.5" in card
     assert "Head minus `token-class:digits:0` on 3 shared examples" in card
     assert "Head minus `cascade-opt:0.1` on 3 shared examples" in card
+    assert "in progress" not in card  # every method holds rows 0..2: a complete run
     with pytest.raises(SystemExit, match="no records of the head"):
         ship_head.main(["--run", str(tmp_path / "runs" / "head"), "--table1", "table1", "--dest", str(dest), "--",
                         *train_args])  # fmt: skip

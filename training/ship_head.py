@@ -23,7 +23,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from hf_diversed.evaluation.bench.frontier import compare_to_baseline, compare_to_frontier, method_label
+from hf_diversed.evaluation.bench.frontier import (
+    compare_to_baseline,
+    compare_to_frontier,
+    method_label,
+    unfinished_methods,
+)
 from hf_diversed.evaluation.bench.plan import load_records
 from hf_diversed.evaluation.bench.summary import summarize_records
 from hf_diversed.evaluation.real_models import SPECS
@@ -119,9 +124,13 @@ def table1_section(table1: Path, head_key: str) -> list[str]:
                 f"{_ci(100 * c['acceptance_gap'], [100 * x for x in c['acceptance_gap_ci'] or []], sign='+')} points, "
                 f"quality {_ci(c['quality_gap'], c['quality_gap_ci'], sign='+')}."
             )
-    counts = {method_label(r) for r in group}
-    if len({len([r for r in group if method_label(r) == m]) for m in counts}) > 1:
-        lines += ["", "The run is in progress: methods have different numbers of examples so far."]
+    partial = sorted(label for (_, _, label) in unfinished_methods(group) if label in shown)
+    if partial:
+        lines += [
+            "",
+            f"The run is in progress: {', '.join(partial)} hold examples beyond a prefix of the rows (short "
+            "completions are recorded first); the frontier comparison uses only shared examples.",
+        ]
     return lines
 
 

@@ -34,6 +34,17 @@ def method_label(record: dict) -> str:
     return f"{record['method']}@{record['head']}" if record.get("head") else record["method"]
 
 
+def unfinished_methods(records: Sequence[dict]) -> dict[tuple, int]:
+    """(temperature, N, method label) -> examples so far, for each method whose sampler examples are not rows
+    0..n-1. The sampler records a sequence when it ends, so a method caught mid-run holds its short completions
+    first; one holding a prefix of the rows (a 50-row extra beside 150-row methods) is complete."""
+    rows: dict[tuple, set[int]] = defaultdict(set)
+    for r in records:
+        if r.get("engine") == "sampler":
+            rows[(r["temperature"], r["N"], method_label(r))].add(int(r["example_index"]))
+    return {key: len(done) for key, done in rows.items() if done != set(range(len(done)))}
+
+
 def frontier_methods(methods: Sequence[str]) -> list[str]:
     """The methods that make the frontier: every ``static:W`` and ``exact`` (w = 1)."""
     return [m for m in methods if m == "exact" or m.startswith("static:")]
