@@ -25,6 +25,7 @@ from hf_diversed import bench
 from hf_diversed.evaluation.bench.config import LORA_METHOD
 from hf_diversed.evaluation.bench.costs import costs_key, pair_costs
 from hf_diversed.evaluation.bench.frontier import (
+    BASELINE_RULE_PREFIXES,
     compare_to_baseline,
     compare_to_frontier,
     frontier_methods,
@@ -185,7 +186,7 @@ def baseline_section(records: list[dict]) -> list[str]:
 
     def pairs(labels):
         heads = [m for m in labels if m.startswith("diversed")]
-        return [(h, b) for h in heads for b in labels if b.startswith(("token-class:", "cascade-"))]
+        return [(h, b) for h in heads for b in labels if b.startswith(BASELINE_RULE_PREFIXES)]
 
     return _paired_section(
         records,

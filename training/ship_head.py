@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from hf_diversed.evaluation.bench.frontier import (
+    BASELINE_RULE_PREFIXES,
     compare_to_baseline,
     compare_to_frontier,
     method_label,
@@ -86,7 +87,7 @@ def table1_section(table1: Path, head_key: str) -> list[str]:
                          "named it (the path relative to the directory the bench ran in).")  # fmt: skip
     settings = {k: mine[0][k] for k in ("temperature", "N", "max_new_tokens")}
     group = [r for r in records if all(r[k] == v for k, v in settings.items())]
-    rules = sorted({method_label(r) for r in group if r["method"].startswith(("token-class:", "cascade-"))})
+    rules = sorted({method_label(r) for r in group if r["method"].startswith(BASELINE_RULE_PREFIXES)})
     shown = ["exact", "static:0", label, *rules]
     rows = {method_label(r): r for r in summarize_records([r for r in group if method_label(r) in shown])}
     names = {"exact": "target alone (exact SD's law)", "static:0": "draft alone (static w = 0)", label: "this head"}

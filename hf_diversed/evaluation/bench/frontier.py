@@ -29,6 +29,10 @@ from collections.abc import Sequence
 __all__ = ["compare_to_baseline", "compare_to_frontier", "fitted_frontier", "frontier_methods", "method_label"]
 
 
+# The rules a learned head is set beside: they need no training, and a head can start as either kind.
+BASELINE_RULE_PREFIXES = ("token-class:", "cascade-")
+
+
 def method_label(record: dict) -> str:
     """A record's method, with its head for ``diversed`` (``diversed@org/head-gsm8k``): heads are compared apart."""
     return f"{record['method']}@{record['head']}" if record.get("head") else record["method"]
