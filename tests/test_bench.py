@@ -418,13 +418,14 @@ def test_intervals_and_paired_differences():
 
 def test_run_log_gives_wall_clock_and_throughput():
     """An invocation owns the records written between its start and the next one's; its wall-clock time runs
-    from its start to its last record."""
+    from its start to its last record; one stopped before its first record is counted, not listed."""
     from hf_diversed.evaluation.bench.runs import format_runs, summarize_runs
 
     def record(stamp, tokens, engine="sampler"):
         return {"time": f"2026-11-26T{stamp}+0000", "new_tokens": tokens, "engine": engine}
 
     runs = [{"started": "2026-11-26T10:00:00+0000", "commit": "abc"},
+            {"started": "2026-11-26T11:45:00+0000", "commit": "killed"},
             {"started": "2026-11-26T12:00:00+0000", "commit": "def"}]  # fmt: skip
     records = [record("09:00:00", 99), record("10:30:00", 300), record("11:00:00", 600),
                record("12:10:00", 50), record("12:20:00", 10, engine="loop")]  # fmt: skip
@@ -434,10 +435,11 @@ def test_run_log_gives_wall_clock_and_throughput():
     assert first["sampler_tokens_per_s"] == pytest.approx(900 / 3600)
     assert (second["records"], second["sampler_records"], second["wall_seconds"]) == (2, 1, 1200.0)
     assert second["sampler_tokens_per_s"] == pytest.approx(50 / 600)  # to its last sampler record
-    assert summary["records_before_log"] == 1 and summary["records"] == 4
+    assert summary["records_before_log"] == 1 and summary["records"] == 4 and summary["runs_without_records"] == 1
     assert summary["wall_seconds"] == 4800.0 and summary["sampler_tokens_per_s"] == pytest.approx(950 / 4800)
     text = "\n".join(format_runs(summary))
     assert "1.00 h" in text and "1 earlier records predate the log" in text
+    assert "killed" not in text and "1 invocation stopped before writing a record" in text
     assert summarize_runs([], records) is None and format_runs(None) == []
 
 

@@ -4,7 +4,8 @@ machine), and what each invocation produced, read back from the records it wrote
 A resumed benchmark spans several invocations, often several sessions; the log gives its wall-clock time and the
 throughput the sampler reached. An invocation's records are those written between its start and the next
 invocation's start in the same output folder; its wall-clock time runs from its start to its last record (model
-loading and cost measurement included; work in flight when it was stopped is not counted)."""
+loading and cost measurement included; work in flight when it was stopped is not counted). An invocation stopped
+before its first record produced nothing: it is counted, not listed."""
 
 from __future__ import annotations
 
@@ -85,18 +86,22 @@ def _parse(stamp) -> datetime.datetime | None:
 
 
 def summarize_runs(runs: Sequence[dict], records: Sequence[dict]) -> dict | None:
-    """Per invocation: its records, new tokens, wall-clock seconds and tokens/s (sampler records and all); the
-    totals over the logged invocations; how many records predate the log. None without a log."""
+    """Per invocation that wrote records: its records, new tokens, wall-clock seconds and tokens/s (sampler records
+    and all); the totals over the logged invocations; how many invocations wrote nothing and how many records
+    predate the log. None without a log."""
     if not runs:
         return None
     starts = [_parse(r["started"]) for r in runs]
     stamped = [(_parse(r.get("time")), r) for r in records]
-    out = []
+    out, empty = [], 0
     for i, run in enumerate(runs):
         begin, end = starts[i], starts[i + 1] if i + 1 < len(runs) else None
         mine = [(t, r) for t, r in stamped if t is not None and t >= begin and (end is None or t < end)]
+        if not mine:
+            empty += 1  # stopped before its first record (or wrote none): no time to count
+            continue
         sampler = [(t, r) for t, r in mine if r.get("engine") == "sampler"]
-        wall = (max(t for t, _ in mine) - begin).total_seconds() if mine else 0.0
+        wall = (max(t for t, _ in mine) - begin).total_seconds()
         sampler_wall = (max(t for t, _ in sampler) - begin).total_seconds() if sampler else 0.0
         sampler_tokens = sum(int(r.get("new_tokens") or 0) for _, r in sampler)
         out.append(
@@ -120,6 +125,7 @@ def summarize_runs(runs: Sequence[dict], records: Sequence[dict]) -> dict | None
         "sampler_tokens": sampler_tokens,
         "sampler_tokens_per_s": sampler_tokens / sampler_wall if sampler_wall > 0 else None,
         "records_before_log": sum(1 for t, _ in stamped if t is None or t < starts[0]),
+        "runs_without_records": empty,
     }
 
 
@@ -141,11 +147,12 @@ def format_runs(runs: dict | None) -> list[str]:
             f"{run.get('threads') or '-'} | {run.get('batch_size') or '-'} | {run['records']} | {run['new_tokens']} | "
             f"{run['wall_seconds'] / 3600:.2f} h | {'-' if rate is None else f'{rate:.1f}'} |"
         )
-    rate = runs["sampler_tokens_per_s"]
+    rate, empty = runs["sampler_tokens_per_s"], runs.get("runs_without_records", 0)
     lines += [
         "",
         f"Logged: {runs['records']} records in {runs['wall_seconds'] / 3600:.2f} h of wall-clock"
         + ("" if rate is None else f"; the sampler reached {rate:.1f} new tokens/s over its runs")
-        + (f". {runs['records_before_log']} earlier records predate the log." if runs["records_before_log"] else "."),
+        + (f". {runs['records_before_log']} earlier records predate the log." if runs["records_before_log"] else ".")
+        + (f" {empty} invocation{'s' * (empty > 1)} stopped before writing a record (not listed)." if empty else ""),
     ]
     return lines
