@@ -96,7 +96,8 @@ def test_a_head_can_also_read_the_next_token_laws(tmp_path):
 def test_a_head_can_start_as_a_speculative_cascade(rule, alpha):
     """``DiversedHead.from_cascade``: z = k * m with the cascade's margin m (linear in max p, max q, TV), so
     w > w0 exactly where the cascade defers, |w - delta| <= (1 - tanh(k |m|)) / 2, and hidden states count for nothing
-    until training moves their weights."""
+    until training moves their weights; an MLP head gives the same z (SiLU(m) - SiLU(-m) = m), its other units
+    silent."""
     from conftest import build_tiny
 
     from hf_diversed import SpecCascade
@@ -117,8 +118,12 @@ def test_a_head_can_start_as_a_speculative_cascade(rule, alpha):
     assert bool(((w > 0.5) == delta.bool())[clear].all())
     assert bool(((w - delta).abs() <= 0.5 * (1 - torch.tanh(50 * margin.abs())) + 1e-5).all())
     assert 0.1 < float(delta.mean()) < 0.9
+    mlp = DiversedHead.from_cascade(target, draft, rule, alpha, sharpness=50.0, head_hidden_size=8)
+    torch.testing.assert_close(mlp(h_d, h_t, distribution_features=features).logits,
+                               head(h_d, h_t, distribution_features=features).logits, atol=1e-4, rtol=1e-5)  # fmt: skip
+    assert float(mlp.hidden.weight[2:].detach().abs().sum()) > 0 and not mlp.out.weight[0, 2:].any()
     for bad, match in (
-        (dict(head_hidden_size=8), "needs head_hidden_size=0"),
+        (dict(head_hidden_size=1), "needs head_hidden_size >= 2"),
         (dict(use_distribution_features=False), "needs use_distribution_features=True"),
         (dict(rule="max"), "Unknown cascade rule 'max'"),
         (dict(sharpness=0.0), "sharpness > 0"),

@@ -485,7 +485,7 @@ def test_a_head_reading_the_next_token_laws_imitates_a_cascade_then_trains(pair,
 
 def test_training_can_start_from_a_speculative_cascade(pair, tmp_path):
     """``init_head="cascade-opt:0.1"``: the first head is ``DiversedHead.from_cascade`` (the cascade, reading the
-    next-token laws), and RL moves it from there; an MLP cannot be set to the cascade, and says so."""
+    next-token laws), and RL moves it from there; ``head_hidden_size`` makes it an MLP set to the same cascade."""
     target, draft = pair
     trainer = DiversedTrainer(_config(tmp_path, max_steps=1, init_head="cascade-opt:0.1"), target, draft,
                               train_dataset=_dataset(), reward_funcs=[_trust_draft_reward(target, draft)])  # fmt: skip
@@ -494,9 +494,10 @@ def test_training_can_start_from_a_speculative_cascade(pair, tmp_path):
     assert trainer.head.config.use_distribution_features and trainer.head.config.task == "gsm8k"
     trainer.train()
     assert float((trainer.head.out.weight - expected.out.weight).detach().abs().max()) > 0
-    with pytest.raises(ValueError, match="asks for an MLP"):
-        DiversedTrainer(_config(tmp_path, init_head="cascade-opt:0.1", head_hidden_size=8), target, draft,
-                        train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
+    mlp = DiversedTrainer(_config(tmp_path, init_head="cascade-opt:0.1", head_hidden_size=8), target, draft,
+                          train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
+    assert mlp.head.config.head_hidden_size == 8 and mlp.head.config.use_distribution_features
+    torch.testing.assert_close(mlp.head.out.weight[0, :2], torch.tensor([50.0, -50.0]), atol=0, rtol=0)
     with pytest.raises(ValueError, match="Unknown SpecCascade rule 'max'"):
         DiversedTrainer(_config(tmp_path, init_head="cascade-max:0.1"), target, draft,
                         train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip

@@ -11,7 +11,7 @@ likely tokens and their probabilities, and TV(p, q); the rule gives w there (a t
 token is in the class, its w elsewhere; a cascade: its deferral delta from max p, max q and TV) and
 :func:`hf_diversed.trainer.imitation.fit_head_to_weights` fits a fresh head to it, holding out a share of the
 rollouts to say how well the fit carries to new sequences. A cascade's delta is a function of max p, max q and
-TV alone, so a head with ``--use_distribution_features`` can represent it (a linear one exactly, with no fit:
+TV alone, so a head with ``--use_distribution_features`` can represent it (linear or MLP, exactly and with no fit:
 ``DiversedHead.from_cascade``, or ``train.py --init_head cascade-opt:0.1``). Writes the head (``save_pretrained``)
 and ``imitation.json`` with the fit's metrics.
 """

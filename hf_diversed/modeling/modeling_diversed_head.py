@@ -170,24 +170,41 @@ class DiversedHead(PreTrainedModel):
         margin m_t (:data:`CASCADE_MARGINS`; the cascade defers, delta_t = 1, where m_t > 0), k = ``sharpness``. So
         w_t > w0 exactly where the cascade defers, and |w_t - delta_t| <= max(w0, 1 - w0) * (1 - tanh(k |m_t|)):
         the cascade as k grows, a head RL can still move (tanh's slope) for moderate k.
+
+        With ``head_hidden_size`` = H >= 2 (an MLP) the same z_t comes out exactly, since SiLU(m) - SiLU(-m) = m:
+        hidden units 0 and 1 read +m_t and -m_t, the output weighs them k and -k; units 2..H-1 keep their random
+        init and output weight 0, so they count for nothing until training moves them.
         """
         if rule not in CASCADE_MARGINS:
             raise ValueError(f"Unknown cascade rule {rule!r}; use one of {', '.join(CASCADE_MARGINS)}.")
         if not 0.0 <= alpha <= 1.0 or not sharpness > 0:
             raise ValueError(f"A cascade head needs alpha in [0, 1] and sharpness > 0, got {alpha} and {sharpness}.")
-        for name, needed in (("use_distribution_features", True), ("head_hidden_size", 0)):
-            if config_kwargs.setdefault(name, needed) != needed:
-                raise ValueError(
-                    f"A head set to a cascade is linear in the next-token laws, so it needs {name}={needed}; drop "
-                    f"{name}={config_kwargs[name]!r} (an MLP head can be fitted to a cascade with "
-                    "training/imitate_rule.py instead)."
-                )
+        if config_kwargs.setdefault("use_distribution_features", True) is not True:
+            raise ValueError(
+                "A head set to a cascade reads the next-token laws, so it needs use_distribution_features=True; drop "
+                f"use_distribution_features={config_kwargs['use_distribution_features']!r}."
+            )
+        if config_kwargs.get("head_hidden_size", 0) == 1:
+            raise ValueError(
+                "An MLP head set to a cascade needs head_hidden_size >= 2 (two hidden units carry +m and -m); pass "
+                "head_hidden_size=0 for a linear head or a width of 2 or more."
+            )
         head = cls.for_models(target, draft, **config_kwargs)
         slope, offset = CASCADE_MARGINS[rule](float(alpha))
+        margin = torch.tensor(slope)
+        n = len(DISTRIBUTION_FEATURES)
         with torch.no_grad():
             head.out.weight.zero_()
-            head.out.weight[0, -len(DISTRIBUTION_FEATURES) :] = sharpness * torch.tensor(slope)
-            head.out.bias.fill_(sharpness * offset)
+            head.out.bias.zero_()
+            if head.hidden is None:
+                head.out.weight[0, -n:] = sharpness * margin
+                head.out.bias.fill_(sharpness * offset)
+            else:
+                for unit, sign in ((0, 1.0), (1, -1.0)):
+                    head.hidden.weight[unit].zero_()
+                    head.hidden.weight[unit, -n:] = sign * margin
+                    head.hidden.bias[unit] = sign * offset
+                    head.out.weight[0, unit] = sign * sharpness
         return head
 
 

@@ -77,8 +77,8 @@ class DiversedTrainerConfig:
         default=None,
         metadata={"help": "Start from this head (Hub id or directory, e.g. one fitted to a rule by "
                   "training/imitate_rule.py) instead of a fresh static one; or from a speculative cascade, "
-                  "cascade-{chow,diff,opt}:ALPHA: a linear head reading the next-token laws, set to that cascade "
-                  "(DiversedHead.from_cascade)."},
+                  "cascade-{chow,diff,opt}:ALPHA: a head reading the next-token laws, set to that cascade "
+                  "(DiversedHead.from_cascade; linear, or an MLP of head_hidden_size >= 2)."},
     )  # fmt: skip
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "Checkpoint directory to resume."})
 

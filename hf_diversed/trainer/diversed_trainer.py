@@ -113,15 +113,10 @@ def _load_init_head(config: DiversedTrainerConfig, target: torch.nn.Module, draf
 
     if config.init_head.strip().lower().startswith("cascade-"):
         cascade: SpecCascade = parse_rule(config.init_head)  # a cascade, or an error naming the valid forms
-        if config.head_hidden_size:
-            raise ValueError(
-                f"`init_head`={config.init_head!r} sets a linear head to the cascade, but `head_hidden_size`="
-                f"{config.head_hidden_size} asks for an MLP: drop `head_hidden_size`, or fit an MLP head to the "
-                "cascade with training/imitate_rule.py and pass its directory as `init_head`."
-            )
         return DiversedHead.from_cascade(
-            target, draft, cascade.rule, cascade.alpha, init_weight=config.init_weight, task=config.task
-        )
+            target, draft, cascade.rule, cascade.alpha, init_weight=config.init_weight, task=config.task,
+            head_hidden_size=config.head_hidden_size,
+        )  # fmt: skip
     head = load_head(config.init_head, cache=False)  # trained in place: never the memoised instance
     defaults = DiversedTrainerConfig.__dataclass_fields__
     for name in ("init_weight", "head_hidden_size", "use_distribution_features"):
