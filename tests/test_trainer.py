@@ -791,3 +791,24 @@ def test_a_run_stopped_before_logging_an_evaluation_resumes_with_it(pair, tmp_pa
     for a, b in zip(logged.history, full.history, strict=True):  # the block drawn alone: same tokens
         assert all(a[k] == b[k] for k in ("acceptance_rate", "cut_fraction"))
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+
+
+def test_curve_table_command_reads_a_committed_run(capsys):
+    """`python training/curve_table.py RUN`: every held-out evaluation and the training batches' block means of the
+    MBPP head's committed log, as its write-up states them (pass@1 0.415 over steps 1-25, 0.409 over all 100)."""
+    sys.path.insert(0, str(ROOT / "training"))
+    import curve_table
+
+    run = ROOT / "docs/training/mbpp-full/opt0.1-lambda-0.01"
+    assert curve_table.main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | 0.344 | 88.5% | 0.50 | 5.37 | 0.0% |" in out and "| 100 | 0.344 | 87.8% | 0.34 |" in out
+    assert "| 1–25 | 200 | 0.415 ± 0.034 | 87.2% | 0.42 | 0.0% |" in out
+    assert "| 1–100 (all) | 800 | 0.409 ± 0.019 | 87.7% | 0.34 | 0.5% |" in out
+    history = load_history(run / "log_history.jsonl")
+    assert curve_table.block_table(history, 50, 8)[-2].startswith("| 51–100 | 400 | 0.385 ± ")
+    with pytest.raises(ValueError, match="positive number of steps"):
+        curve_table.block_table(history, 0)
+    with pytest.raises(SystemExit):
+        curve_table.main([str(ROOT / "docs")])
+    assert "log_history.jsonl does not exist" in capsys.readouterr().err

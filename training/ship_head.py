@@ -35,6 +35,7 @@ from hf_diversed.evaluation.bench.summary import summarize_records
 from hf_diversed.evaluation.real_models import SPECS
 from hf_diversed.modeling.model_card import render_head_card
 from hf_diversed.modeling.pretrained import PRETRAINED_HEADS
+from hf_diversed.trainer.curves import load_history
 from hf_diversed.trainer.diversed_trainer import training_section
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,8 +57,8 @@ def _ci(value: float | None, interval, spec: str = ".1f", sign: str = "") -> str
 
 def held_out_section(run: Path, config) -> list[str]:
     """The first and last held-out evaluations of the run's ``log_history.jsonl``."""
-    entries = [json.loads(line) for line in (run / "log_history.jsonl").read_text().splitlines() if line.strip()]
-    evals = [e for e in entries if e.get("split") == "eval"]
+    evals = sorted((e for e in load_history(run / "log_history.jsonl") if e.get("split") == "eval"),
+                   key=lambda e: e["step"])  # a resumed run logs steps again: the later line wins  # fmt: skip
     if not evals:
         return ["Not evaluated during training (eval_steps = 0)."]
     first, last = evals[0], evals[-1]
