@@ -130,6 +130,46 @@ def test_export_head_repo_renders_the_card_and_custom_generate(tmp_path):
         export_head_repo(tmp_path / "nothing", tmp_path / "repo2", "org/y")
 
 
+@pytest.mark.parametrize("task", ["gsm8k", "mbpp", "humaneval", "cnndm", "xsum"])
+def test_the_card_usage_example_prompts_in_the_format_the_head_was_trained_on(task, tmp_path, monkeypatch):
+    from hf_diversed.evaluation.tasks import get_task
+    from hf_diversed.modeling.model_card import render_head_card
+
+    fields = dict(repo_id="org/h", target_model="t/T", draft_model="d/D", vocab_size=8, training="", evaluation="")
+    card = render_head_card(task=task, **fields)
+    lines = card[: card.index("inputs = tokenizer.apply_chat_template")].splitlines()
+    code = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("draft = ")) + 1 :])
+    article = "Officials said on Monday that the bridge will reopen in May."
+    (tmp_path / "article.txt").write_text(article)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(code, namespace)
+    content = namespace["messages"][0]["content"]
+    spec = get_task(task)
+    assert namespace["messages"] == spec.build_messages({"article": article, "document": article} | _card_row(task))
+    assert (task in ("cnndm", "xsum")) == content.endswith(article)
+    other = render_head_card(task="a-task-of-my-own", **fields)
+    assert '"content": "..."}]  # a prompt in the format the head was trained on' in other
+
+
+def _card_row(task: str) -> dict:
+    from hf_diversed.modeling.model_card import _EXAMPLE_ROWS
+
+    return dict(_EXAMPLE_ROWS.get(task, {}))
+
+
+def test_the_card_examples_are_real_rows():
+    from hf_diversed.evaluation.tasks import default_data_dir, get_task
+
+    if not (Path(default_data_dir()) / "gsm8k" / "train.jsonl").is_file():
+        pytest.skip("needs the task data folder")
+    gsm8k, mbpp = get_task("gsm8k").load("train"), get_task("mbpp").load("train")
+    assert gsm8k[0]["question"] == _card_row("gsm8k")["question"]
+    row = next(r for r in mbpp if r["task_id"] == 602)
+    assert (row["text"], row["test_list"][0]) == (_card_row("mbpp")["text"], _card_row("mbpp")["test_list"][0])
+    assert get_task("humaneval").load("test")[0]["prompt"] == _card_row("humaneval")["prompt"]
+
+
 @pytest.mark.slow
 @pytest.mark.real_weights
 def test_bundled_gsm8k_head_on_the_real_pair_hf_diversed_equals_custom_generate(tmp_path, monkeypatch):
