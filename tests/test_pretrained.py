@@ -152,10 +152,28 @@ def test_the_card_usage_example_prompts_in_the_format_the_head_was_trained_on(ta
     assert '"content": "..."}]  # a prompt in the format the head was trained on' in other
 
 
-def _card_row(task: str) -> dict:
-    from hf_diversed.modeling.model_card import _EXAMPLE_ROWS
+# The real rows behind model_cards/usage/<task>.py: GSM8K train row 0, MBPP task 602 (train), HumanEval/0.
+_CARD_ROWS: dict[str, dict] = {
+    "gsm8k": {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?"
+    },
+    "mbpp": {
+        "text": "Write a python function to find the first repeated character in a given string.",
+        "test_list": ['assert first_repeated_char("abcabc") == "a"'],
+    },
+    "humaneval": {
+        "prompt": "from typing import List\n\n\n"
+        "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+        '    """ Check if in given list of numbers, are any two numbers closer to each other than\n'
+        "    given threshold.\n    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)\n    False\n"
+        '    >>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)\n    True\n    """\n'
+    },
+}
 
-    return dict(_EXAMPLE_ROWS.get(task, {}))
+
+def _card_row(task: str) -> dict:
+    return dict(_CARD_ROWS.get(task, {}))
 
 
 def test_the_card_examples_are_real_rows():

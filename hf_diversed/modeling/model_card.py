@@ -8,56 +8,17 @@ from pathlib import Path
 CARD_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "diversed_head.md"
 CARD_FIELDS = ("repo_id", "target_model", "draft_model", "vocab_size", "task", "training", "evaluation")
 
-# One real row per task for the card's usage example: GSM8K train row 0, MBPP task 602 (train), HumanEval/0.
-_EXAMPLE_ROWS: dict[str, dict[str, object]] = {
-    "gsm8k": {
-        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-        "How many clips did Natalia sell altogether in April and May?"
-    },
-    "mbpp": {
-        "text": "Write a python function to find the first repeated character in a given string.",
-        "test_list": ['assert first_repeated_char("abcabc") == "a"'],
-    },
-    "humaneval": {
-        "prompt": "from typing import List\n\n\n"
-        "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
-        '    """ Check if in given list of numbers, are any two numbers closer to each other than\n'
-        "    given threshold.\n    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)\n    False\n"
-        '    >>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)\n    True\n    """\n'
-    },
-}
-_ARTICLE_FIELDS = {"cnndm": "article", "xsum": "document"}
-_MARK = "\x00ARTICLE\x00"
-
-
-def _content_literal(content: str) -> str:
-    """A parenthesised Python string literal of ``content``, one source line per line of text."""
-    lines = content.splitlines(keepends=True)
-    return "(\n" + "".join(f"    {line!r}\n" for line in lines) + ")"
+USAGE_DIR = CARD_TEMPLATE.parent / "usage"  # <task>.py: the lines defining `messages` in the task's prompt format
 
 
 def usage_messages(task: str | None) -> str:
-    """Python lines defining ``messages``, a prompt in the format the head for ``task`` was trained on.
-
-    A registered task gets its own prompt (:meth:`Task.build_messages`) on a real row, or, for summarization, on
-    an ``article`` read from a file; any other task a placeholder to replace.
-    """
-    from ..evaluation.tasks import TASKS, get_task
-
+    """Python lines defining ``messages`` for the card's usage example: ``model_cards/usage/<task>.py`` (a prompt
+    in the format the head for ``task`` was trained on), or a placeholder for a task without one."""
     name = (task or "").lower()
-    if name not in TASKS:
-        return 'messages = [{"role": "user", "content": "..."}]  # a prompt in the format the head was trained on'
-    spec = get_task(name)
-    if name in _ARTICLE_FIELDS:
-        content = spec.build_messages({_ARTICLE_FIELDS[name]: _MARK}, max_words=0)[0]["content"]
-        prefix = content.removesuffix(_MARK)
-        words = spec.max_article_words
-        return (
-            f'article = open("article.txt").read()  # the story to summarize (training cut articles to {words} words)\n'
-            f'messages = [{{"role": "user", "content": {_content_literal(prefix)} + article}}]'
-        )
-    content = spec.build_messages(_EXAMPLE_ROWS[name])[0]["content"]
-    return f'messages = [{{"role": "user", "content": {_content_literal(content)}}}]'
+    path = USAGE_DIR / f"{name}.py"
+    if re.fullmatch(r"[a-z0-9_-]+", name) and path.is_file():
+        return path.read_text().rstrip("\n")
+    return 'messages = [{"role": "user", "content": "..."}]  # a prompt in the format the head was trained on'
 
 
 def render_head_card(**values: object) -> str:

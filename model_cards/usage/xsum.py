@@ -1,0 +1,6 @@
+article = open("article.txt").read()  # the story to summarize (training cut articles to 400 words)
+messages = [{"role": "user", "content": (
+    'Summarize the following article in one sentence. Reply with that sentence only.\n'
+    '\n'
+    'Article:\n'
+) + article}]
