@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from hf_diversed import DiversedHead, DiversedHeadConfig
@@ -148,8 +149,13 @@ def test_the_card_usage_example_prompts_in_the_format_the_head_was_trained_on(ta
     spec = get_task(task)
     assert namespace["messages"] == spec.build_messages({"article": article, "document": article} | _card_row(task))
     assert (task in ("cnndm", "xsum")) == content.endswith(article)
+    recipe = Path(__file__).resolve().parents[1] / "training" / "recipes" / f"{task}-full.yaml"
+    if recipe.is_file():  # the length the task's head is trained and evaluated at, so answers are not cut
+        assert namespace["max_new_tokens"] == yaml.safe_load(recipe.read_text())["max_new_tokens"]
+    assert "max_new_tokens=max_new_tokens," in card and "max_new_tokens=256" not in card
     other = render_head_card(task="a-task-of-my-own", **fields)
     assert '"content": "..."}]  # a prompt in the format the head was trained on' in other
+    assert "\nmax_new_tokens = 256\n" in other
 
 
 # The real rows behind model_cards/usage/<task>.py: GSM8K train row 0, MBPP task 602 (train), HumanEval/0.

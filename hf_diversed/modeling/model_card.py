@@ -12,13 +12,17 @@ USAGE_DIR = CARD_TEMPLATE.parent / "usage"  # <task>.py: the lines defining `mes
 
 
 def usage_messages(task: str | None) -> str:
-    """Python lines defining ``messages`` for the card's usage example: ``model_cards/usage/<task>.py`` (a prompt
-    in the format the head for ``task`` was trained on), or a placeholder for a task without one."""
+    """Python lines defining ``messages`` and ``max_new_tokens`` for the card's usage example:
+    ``model_cards/usage/<task>.py`` (a prompt in the format the head for ``task`` was trained on, and the length it
+    was trained at), or a placeholder for a task without one."""
     name = (task or "").lower()
     path = USAGE_DIR / f"{name}.py"
     if re.fullmatch(r"[a-z0-9_-]+", name) and path.is_file():
         return path.read_text().rstrip("\n")
-    return 'messages = [{"role": "user", "content": "..."}]  # a prompt in the format the head was trained on'
+    return (
+        'messages = [{"role": "user", "content": "..."}]  # a prompt in the format the head was trained on\n'
+        "max_new_tokens = 256"
+    )
 
 
 def render_head_card(**values: object) -> str:

@@ -15,3 +15,4 @@ messages = [{"role": "user", "content": (
     '    """\n'
     '```'
 )}]
+max_new_tokens = 512  # the length MBPP heads are evaluated at

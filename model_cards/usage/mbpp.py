@@ -6,3 +6,4 @@ messages = [{"role": "user", "content": (
     '\n'
     'Reply with the complete Python function (and any imports it needs) in a single ```python code block.'
 )}]
+max_new_tokens = 512  # the length the head was trained and evaluated at

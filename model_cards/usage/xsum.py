@@ -4,3 +4,4 @@ messages = [{"role": "user", "content": (
     '\n'
     'Article:\n'
 ) + article}]
+max_new_tokens = 128  # the length the head was trained at
