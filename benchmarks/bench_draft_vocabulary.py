@@ -66,8 +66,9 @@ def acceptance(args) -> None:
             "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1", "--timed-examples", "0",
             "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--dtype", args.dtype,
             "--output-dir", str(OUT / f"{task}-{size}"), "--no-costs",
-            "--head", str(HEADS / f"diversed-head-qwen2.5-coder-1.5b-{task}"),  # the bundled head of the task
         ]  # fmt: skip
+        if "diversed" in args.methods.split(","):
+            cmd += ["--head", str(HEADS / f"diversed-head-qwen2.5-coder-1.5b-{task}")]  # the bundled head of the task
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
 

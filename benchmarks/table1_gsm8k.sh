@@ -18,13 +18,14 @@ COMMON=(--tasks gsm8k --max-new-tokens 512 --num-assistant-tokens 5 --timed-exam
 hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head "$HEAD_DIR" --static-sweep 0,0.1,0.3,0.5,0.7,0.9 \
     --methods exact,lossy:0.5,cascade-opt:0.1,token-class:digits:0,token-class:digits:0.3,diversed
 
-# 1b. The lambda = 0.01 head on the same rows (the runner takes one --head per invocation; records are keyed by it).
-hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head docs/training/gsm8k-full/lambda-0.01 \
-    --methods diversed
-
-# 1c. The head started as SpecCascade OPT 0.1 (lambda = 0.01) on the same rows.
-hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head docs/training/gsm8k-full/opt0.1-lambda-0.01 \
-    --methods diversed
+# 1b. The other GSM8K heads on the same rows, side by side (records are keyed by the head): lambda = 0.01, the head
+#     started as SpecCascade OPT 0.1 (lambda = 0.01), and the MLP head once its run has finished.
+HEADS=(--head docs/training/gsm8k-full/lambda-0.01 --head docs/training/gsm8k-full/opt0.1-lambda-0.01)
+MLP_HEAD=docs/training/gsm8k-full/mlp64-lr5e-4-lambda-0.01
+if [[ -f "$MLP_HEAD/model.safetensors" ]]; then
+    HEADS+=(--head "$MLP_HEAD")
+fi
+hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 "${HEADS[@]}" --methods diversed
 
 # 2. T = 1, 50 rows: a second lenience and alpha, Chow and Diff (values from docs/table1/gsm8k-pilot), and exact SD
 #    with the LoRA-distilled draft.

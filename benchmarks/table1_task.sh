@@ -44,8 +44,7 @@ fi
 # 3. T = 0, 50 rows: greedy exact SD emits the target's greedy tokens, so its row is the target alone.
 hf-diversed bench "${COMMON[@]}" --temperature 0 --num-examples 50 --methods exact,static:0.5,static:0.9,cascade-opt:0.1
 
-# 4. The task's learned head on the full rows, once it is trained; the runner takes one --head per invocation and
-#    keys records by it.
+# 4. The task's learned head on the full rows, once it is trained (records are keyed by the head).
 HEAD_DIR=docs/training/$TASK-full/$HEAD_RUN
 if [[ -f "$HEAD_DIR/model.safetensors" ]]; then
     hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples "$ROWS" --head "$HEAD_DIR" --methods diversed

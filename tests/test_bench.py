@@ -332,6 +332,8 @@ def test_appends_from_two_processes_never_interleave(tmp_path):
         (["--methods", "token-class:vowels:0"], "unknown token class"),
         (["--methods", "diversed"], "--head"),
         (["--methods", "exact+lora-draft"], "--lora-draft"),
+        (["--methods", "exact", "--head", "org/h"], "add diversed to --methods"),
+        (["--methods", "diversed", "--head", "org/h", "--head", "org/h"], "given twice"),
         (["--num-assistant-tokens", "0"], ">= 1"),
         (["--temperature", "-1"], ">= 0"),
         (["--static-sweep", "0.1,x"], "--static-sweep"),
@@ -386,7 +388,42 @@ def test_expand_methods():
     assert bench.expand_methods("exact,static:0.50", static_sweep="0.5,0.9", cascade_sweep="opt:0.1") == (
         "ar", "exact", "static:0.5", "static:0.9", "cascade-opt:0.1",
     )  # fmt: skip
-    assert bench.expand_methods(None, head="h") == ("ar", "exact", "diversed")
+    assert bench.expand_methods(None, heads=["h"]) == ("ar", "exact", "diversed")
+
+
+def test_several_heads_run_side_by_side_each_as_if_alone(setup, tmp_path):
+    """`--head A --head B`: method diversed once per head in one run, records keyed by the head; a head's records are
+    those it gets when run alone (each sequence depends on its prompt, seed and head, not on its batch)."""
+    other = tmp_path / "head-b"
+    head = DiversedHead.from_pretrained(setup["head"])
+    torch.nn.init.normal_(head.out.weight, std=0.5, generator=torch.Generator().manual_seed(1))
+    head.save_pretrained(other)
+    common = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--methods", "exact,diversed", "--num-examples", "3", "--timed-examples", "1",
+        "--batch-size", "4", "--max-new-tokens", "8", "--dtype", "float32", "--threads", "1", "--no-costs", "-q",
+    ]  # fmt: skip
+    both, alone = tmp_path / "both", tmp_path / "alone"
+    assert bench.main([*common, "--head", str(setup["head"]), "--head", str(other), "--output-dir", str(both)]) == 0
+    assert bench.main([*common, "--head", str(other), "--output-dir", str(alone)]) == 0
+
+    def diversed(out):
+        return {(r["engine"], r["head"], r["example_index"]): r for r in _lines(out / bench.RESULTS_FILE)
+                if r["method"] == "diversed"}  # fmt: skip
+
+    records, single = diversed(both), diversed(alone)
+    names = {str(setup["head"].resolve()), str(other.resolve())}
+    assert {h for _, h, _ in records} == names
+    assert sorted(records) == sorted(
+        (e, h, i) for h in names for e, i in [("loop", 0)] + [("sampler", i) for i in range(3)]
+    )
+    for key, record in single.items():
+        assert record["head"] == str(other.resolve())
+        assert record["completion"] == records[key]["completion"] and record["accepted"] == records[key]["accepted"]
+    rows = json.loads((both / bench.SUMMARY_FILE).read_text())["rows"]
+    assert {r["head"] for r in rows if r["method"] == "diversed"} == names
+    table = (both / "results.md").read_text()
+    assert "| task | T | head | method |" in table  # the heads differ: a column of their own
 
 
 def test_intervals_and_paired_differences():

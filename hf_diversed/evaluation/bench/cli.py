@@ -46,7 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--static-sweep", default=None, metavar="W,W,...", help="add static:W for each W, e.g. 0.1,0.3,0.5,0.7,0.9")
     add("--lossy-sweep", default=None, metavar="L,L,...", help="add lossy:L for each L")
     add("--cascade-sweep", default=None, metavar="V:A,...", help="add cascade-V:A for each, e.g. opt:0.1,opt:0.3")
-    add("--head", default=None, help="DIVERSED head (Hub id or directory) for method 'diversed'")
+    add(
+        "--head",
+        action="append",
+        default=None,
+        metavar="HEAD",
+        help="DIVERSED head (Hub id or directory) for method 'diversed'; repeat it to run several heads side by side",
+    )
     add("--lora-draft", default=None, metavar="PATH", help=f"PEFT adapter for the draft; adds method {LORA_METHOD}")
     add("--num-assistant-tokens", default="5", metavar="N[,N...]", help="draft length N (e.g. 3,5,7; default 5)")
     add("--temperature", default="1", metavar="T[,T...]", help="0 = greedy, 1 = plain sampling (default 1)")
@@ -74,12 +80,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Build (and validate) a :class:`BenchConfig` from parsed ``bench`` arguments."""
     methods = expand_methods(
         args.methods, static_sweep=args.static_sweep, lossy_sweep=args.lossy_sweep,
-        cascade_sweep=args.cascade_sweep, head=args.head, lora_draft=args.lora_draft,
+        cascade_sweep=args.cascade_sweep, heads=args.head, lora_draft=args.lora_draft,
     )  # fmt: skip
     command = getattr(args, "command_line", None) or shlex.join(["hf-diversed", *sys.argv[1:]])
     return BenchConfig(
         target=args.target, draft=args.draft, tasks=tuple(_split_list(args.tasks)), split=args.split,
-        methods=methods, head=args.head, lora_draft=args.lora_draft,
+        methods=methods, heads=tuple(args.head or ()), lora_draft=args.lora_draft,
         num_assistant_tokens=args.num_assistant_tokens, temperatures=args.temperature,
         max_new_tokens=args.max_new_tokens, num_examples=args.num_examples, ar_examples=args.ar_examples,
         timed_examples=min(args.timed_examples, args.num_examples), batch_size=args.batch_size,

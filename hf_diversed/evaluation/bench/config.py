@@ -131,18 +131,18 @@ def expand_methods(
     static_sweep: str | None = None,
     lossy_sweep: str | None = None,
     cascade_sweep: str | None = None,
-    head: str | None = None,
+    heads: str | Sequence[str] | None = None,
     lora_draft: str | None = None,
 ) -> tuple[str, ...]:
     """The method labels to run: ``methods`` plus the sweeps, ``ar`` first, duplicates dropped.
 
-    ``methods=None`` means ``ar,exact`` (+ ``diversed`` with a head); a LoRA draft always adds
+    ``methods=None`` means ``ar,exact`` (+ ``diversed`` with heads); a LoRA draft always adds
     ``exact+lora-draft``.
     ``cascade_sweep`` items are ``VARIANT:A`` (``opt:0.1``) or full specs (``cascade-opt:0.1``).
     """
     labels = _split_list(methods)
     if methods is None:
-        labels = ["ar", "exact"] + (["diversed"] if head else [])
+        labels = ["ar", "exact"] + (["diversed"] if heads else [])
     labels += [LORA_METHOD] if lora_draft else []
     labels += [f"static:{w:g}" for w in _floats(static_sweep, "--static-sweep")] if static_sweep else []
     labels += [f"lossy:{x:g}" for x in _floats(lossy_sweep, "--lossy-sweep")] if lossy_sweep else []
@@ -186,7 +186,8 @@ class BenchConfig:
     """Everything one benchmark run needs; validated on construction (:class:`BenchError` names the fix).
 
     Attributes mirror the command-line options (``--num-examples`` -> ``num_examples``, ...). ``methods``
-    holds method labels (see :func:`expand_methods`), ``temperatures`` and ``num_assistant_tokens`` are
+    holds method labels (see :func:`expand_methods`); ``heads`` (``--head``, repeatable) each run method
+    ``diversed``, side by side in one sampler batch; ``temperatures`` and ``num_assistant_tokens`` are
     tuples (each value is a separate setting). The first ``timed_examples`` examples (``ar_examples`` for the
     target alone, default the same) are also timed with the real loop; ``dtype="auto"`` resolves to bf16 where
     the CPU has fast bf16, else float32.
@@ -197,7 +198,7 @@ class BenchConfig:
     tasks: tuple[str, ...] = DEFAULT_TASKS
     split: str = "test"
     methods: tuple[str, ...] = ("ar", "exact")
-    head: str | None = None
+    heads: tuple[str, ...] = ()
     lora_draft: str | None = None
     num_assistant_tokens: tuple[int, ...] = (5,)
     temperatures: tuple[float, ...] = (1.0,)
@@ -247,11 +248,24 @@ class BenchConfig:
 
         methods = _split_list(self.methods) if isinstance(self.methods, str) else list(self.methods)
         self.methods = expand_methods(methods)
-        if "diversed" in self.methods and not self.head:
+        heads = (self.heads,) if isinstance(self.heads, str) else tuple(self.heads or ())
+        if any(not isinstance(h, str) or not h for h in heads):
+            raise BenchError(f"--head expects Hub ids or directories; got {heads!r}.")
+        self.heads = heads
+        if "diversed" in self.methods and not self.heads:
             raise BenchError(
                 "method 'diversed' needs a trained ensemble head: pass --head ORG/NAME or a directory saved "
                 "with DiversedHead.save_pretrained (or drop 'diversed' from --methods)."
             )
+        if self.heads and "diversed" not in self.methods:
+            raise BenchError(
+                f"--head {' '.join(self.heads)} is given but method 'diversed' is not in --methods; add diversed "
+                "to --methods (or drop --head)."
+            )
+        ids = [_canonical_model(h) for h in self.heads]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise BenchError(f"--head {', '.join(twice)} is given twice; pass each head once.")
         if LORA_METHOD in self.methods and not self.lora_draft:
             raise BenchError(
                 f"method {LORA_METHOD!r} needs --lora-draft PATH (a PEFT adapter directory for the draft)."
@@ -325,8 +339,9 @@ class BenchConfig:
         return _canonical_model(self.draft)
 
     @property
-    def head_id(self) -> str | None:
-        return _canonical_model(self.head) if self.head else None
+    def head_ids(self) -> tuple[str, ...]:
+        """The heads' names in the records (``--head`` order); each runs as its own ``diversed`` method."""
+        return tuple(_canonical_model(h) for h in self.heads)
 
     @property
     def lora_id(self) -> str | None:

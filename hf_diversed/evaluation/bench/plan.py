@@ -6,7 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config import BenchConfig, BenchMethod
 
@@ -29,8 +29,28 @@ def record_key(record: dict) -> tuple:
     )
 
 
+class Planned(NamedTuple):
+    """One planned generation: its record key and what to run (``head``: the head id of a ``diversed`` one)."""
+
+    key: tuple
+    task: str
+    temperature: float
+    method: BenchMethod
+    index: int
+    n: int | None
+    engine: str
+    head: str | None = None
+
+
 def _plan_key(
-    config: BenchConfig, task: str, temperature: float, method: BenchMethod, index: int, n: int, engine: str
+    config: BenchConfig,
+    task: str,
+    temperature: float,
+    method: BenchMethod,
+    index: int,
+    n: int | None,
+    engine: str,
+    head: str | None,
 ) -> tuple:
     return record_key(
         {
@@ -46,7 +66,7 @@ def _plan_key(
             "draft": config.draft_id if method.uses_draft else None,
             "dtype": config.dtype,
             "seed": config.seed,
-            "head": config.head_id if method.label == "diversed" else None,
+            "head": head,
             "lora_draft": config.lora_id if method.lora else None,
         }
     )
@@ -123,14 +143,19 @@ class _Appender:
             self.fd = None
 
 
-def shard_plan(plan: list[tuple], index: int, count: int) -> list[tuple]:
+def shard_plan(plan: list[Planned], index: int, count: int) -> list[Planned]:
     """Process ``index`` of ``count``'s share of a plan: the generations of examples ``i`` with ``i % count ==
     index`` (sampler and timed loop alike, in plan order), so every method of an example runs on one process."""
-    return [p for p in plan if p[4] % count == index]
+    return [p for p in plan if p.index % count == index]
 
 
-def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[tuple]:
-    """Every generation of the run as (key, task, temperature, method, index, n, engine).
+def _variants(config: BenchConfig, method: BenchMethod) -> tuple[str | None, ...]:
+    """The heads a method runs with: each of ``config.heads`` for ``diversed`` (one record set per head)."""
+    return config.head_ids if method.label == "diversed" else (None,)
+
+
+def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[Planned]:
+    """Every generation of the run, in order.
 
     The timed loop's examples outermost so machine drift hits all methods alike; every example through the
     sampler."""
@@ -143,14 +168,16 @@ def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[t
                     if index >= (config.ar_examples if method.label == "ar" else config.timed_examples):
                         continue
                     for n in config.num_assistant_tokens if method.uses_draft else (None,):
-                        key = _plan_key(config, task_name, temperature, method, index, n, "loop")
-                        plan.append((key, task_name, temperature, method, index, n, "loop"))
+                        for head in _variants(config, method):
+                            key = _plan_key(config, task_name, temperature, method, index, n, "loop", head)
+                            plan.append(Planned(key, task_name, temperature, method, index, n, "loop", head))
     for task_name in config.tasks:
         for temperature in config.temperatures:
             for n in config.num_assistant_tokens:
                 for index in range(len(rows[task_name])):
                     for method in methods:
                         if method.has_stats:
-                            key = _plan_key(config, task_name, temperature, method, index, n, "sampler")
-                            plan.append((key, task_name, temperature, method, index, n, "sampler"))
+                            for head in _variants(config, method):
+                                key = _plan_key(config, task_name, temperature, method, index, n, "sampler", head)
+                                plan.append(Planned(key, task_name, temperature, method, index, n, "sampler", head))
     return plan

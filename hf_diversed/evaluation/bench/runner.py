@@ -167,19 +167,25 @@ def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
     return tokenizer, target, draft, lora
 
 
-def _load_head(config: BenchConfig, target, draft):
+def _load_heads(config: BenchConfig, needed: set[str], target, draft) -> dict[str, Any]:
+    """The heads the plan uses, by their id in the records, each checked against the pair."""
     from ...generation.api import check_pair
     from ...modeling.hub import load_head
 
-    try:
-        head = load_head(config.head)
-    except (OSError, ValueError) as err:
-        raise BenchError(str(err)) from None
-    try:
-        check_pair(target, draft, head)
-    except ValueError as err:
-        raise BenchError(f"--head {config.head!r}: {err}") from None
-    return head
+    heads = {}
+    for name, head_id in zip(config.heads, config.head_ids, strict=True):
+        if head_id not in needed:
+            continue
+        try:
+            head = load_head(name)
+        except (OSError, ValueError) as err:
+            raise BenchError(str(err)) from None
+        try:
+            check_pair(target, draft, head)
+        except ValueError as err:
+            raise BenchError(f"--head {name!r}: {err}") from None
+        heads[head_id] = head
+    return heads
 
 
 def _prompt_ids(tokenizer, task, row):
@@ -300,13 +306,13 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
     started = time.perf_counter()
     need_lora = any(p[3].lora for p in todo)
     tokenizer, target, draft, lora = _load_models(config, need_lora)
-    head = None
-    if any(p[3].label == "diversed" for p in todo):
+    heads = {}
+    if any(p.head for p in todo):
         with _loading_bars(config):
-            head = _load_head(config, target, draft)
+            heads = _load_heads(config, {p.head for p in todo if p.head}, target, draft)
     device = processes.device
     if device is not None:  # one accelerator per process
-        for model in (target, draft, lora, head):
+        for model in (target, draft, lora, *heads.values()):
             if model is not None:
                 model.to(device)
     _log(config, f"loaded models in {time.perf_counter() - started:.1f}s (dtype {config.dtype}, "
@@ -326,21 +332,22 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
     if not todo:
         return
 
-    def generate(method, input_ids, *, max_new_tokens, temperature, n, seed):
+    def generate(method, input_ids, *, max_new_tokens, temperature, n, seed, head_id):
         extra = {"tokenizer": tokenizer} if method.method.needs_tokenizer else {}
         return timed_generate(
             target, lora if method.lora else (draft if method.uses_draft else None), input_ids, method.method,
-            max_new_tokens=max_new_tokens, temperature=temperature, num_assistant_tokens=n or 5, head=head,
-            seed=seed, **extra,
+            max_new_tokens=max_new_tokens, temperature=temperature, num_assistant_tokens=n or 5,
+            head=heads.get(head_id), seed=seed, **extra,
         )  # fmt: skip
 
-    loop_todo = [p for p in todo if p[6] == "loop"]
-    sampler_todo = [p for p in todo if p[6] == "sampler"]
+    loop_todo = [p for p in todo if p.engine == "loop"]
+    sampler_todo = [p for p in todo if p.engine == "sampler"]
     if config.warmup and loop_todo:  # one short generation per method: first-call allocations are not timed
-        for label in dict.fromkeys(p[3].label for p in loop_todo):
+        for label, head_id in dict.fromkeys((p.method.label, p.head) for p in loop_todo):
             method = BenchMethod(label)
             generate(method, warm_ids, max_new_tokens=8, temperature=config.temperatures[0],
-                     n=config.num_assistant_tokens[0] if method.uses_draft else None, seed=config.seed)  # fmt: skip
+                     n=config.num_assistant_tokens[0] if method.uses_draft else None, seed=config.seed,
+                     head_id=head_id)  # fmt: skip
 
     from ...modeling.dtypes import cpu_capability
 
@@ -361,7 +368,7 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
             prompts[task_name, index] = (ids.to(device) if device is not None else ids), text
         return prompts[task_name, index]
 
-    def write(task_name, index, temperature, method, n, engine, new_tokens, seconds, stats, extra=None):
+    def write(task_name, index, temperature, method, n, engine, head_id, new_tokens, seconds, stats, extra=None):
         task, row = get_task(task_name), rows[task_name][index]
         input_ids, prompt_text = prompt(task_name, index)
         completion = tokenizer.decode(new_tokens, skip_special_tokens=True)
@@ -381,7 +388,7 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
                 "max_new_tokens": config.max_new_tokens,
                 "target": config.target_id,
                 "draft": config.draft_id if method.uses_draft else None,
-                "head": config.head_id if method.label == "diversed" else None,
+                "head": head_id,
                 "lora_draft": config.lora_id if method.lora else None,
                 "dtype": config.dtype,
                 "seed": config.seed,
@@ -403,20 +410,22 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
     try:
         # The full sample first (quality and acceptance), then the timed subset.
         if sampler_todo:
-            _run_sampler(config, sampler_todo, prompt, write, target, draft, lora, head, tokenizer)
+            _run_sampler(config, sampler_todo, prompt, write, target, draft, lora, heads, tokenizer)
         bar = tqdm(loop_todo, desc="bench (timed loop)", unit="gen", disable=not config.progress, dynamic_ncols=True)
-        for _key, task_name, temperature, method, index, n, _engine in bar:
+        for item in bar:
+            task_name, temperature, method, index, n = item.task, item.temperature, item.method, item.index, item.n
             bar.set_postfix_str(f"{task_name} T={temperature:g} {method.label}" + (f" N={n}" if n else ""))
             input_ids, _ = prompt(task_name, index)
             record = generate(method, input_ids, max_new_tokens=config.max_new_tokens, temperature=temperature,
-                              n=n, seed=config.seed + index)  # fmt: skip
-            write(task_name, index, temperature, method, n, "loop", record.new_tokens, record.seconds, record.stats)
+                              n=n, seed=config.seed + index, head_id=item.head)  # fmt: skip
+            write(task_name, index, temperature, method, n, "loop", item.head, record.new_tokens, record.seconds,
+                  record.stats)  # fmt: skip
         bar.close()
     finally:
         writer.close()
 
 
-def _run_sampler(config, todo, prompt, write, target, draft, lora, head, tokenizer) -> None:
+def _run_sampler(config, todo, prompt, write, target, draft, lora, heads, tokenizer) -> None:
     """Every planned (example, method) through the batched sampler, one call per task, temperature, N and draft;
     records are written as sequences finish, so a killed run keeps them."""
     from tqdm.auto import tqdm
@@ -427,8 +436,7 @@ def _run_sampler(config, todo, prompt, write, target, draft, lora, head, tokeniz
     resolved: dict[str, object] = {}  # token-class specs -> rules, resolved once with the tokenizer
     groups: dict[tuple, list] = defaultdict(list)
     for item in todo:
-        _key, task_name, temperature, method, index, n, _engine = item
-        groups[task_name, temperature, n, method.lora].append(item)
+        groups[item.task, item.temperature, item.n, item.method.lora].append(item)
     bar = tqdm(total=len(todo), desc="bench (sampler)", unit="seq", disable=not config.progress, dynamic_ncols=True)
     for (task_name, temperature, n, lora_group), items in groups.items():
         sampler_config = SamplerConfig(
@@ -436,7 +444,8 @@ def _run_sampler(config, todo, prompt, write, target, draft, lora, head, tokeniz
             top_k=0, top_p=1.0, repetition_penalty=1.0, num_assistant_tokens=n,
         )  # fmt: skip
         requests = []
-        for _key, _task, _t, method, index, _n, _engine in items:
+        for item in items:
+            method, index = item.method, item.index
             rule = "exact" if method.lora else method.label
             if method.method.needs_tokenizer:
                 if rule not in resolved:
@@ -446,18 +455,19 @@ def _run_sampler(config, todo, prompt, write, target, draft, lora, head, tokeniz
                 SampleRequest(
                     prompt(task_name, index)[0],
                     rule,
-                    head=head if rule == "diversed" else None,
+                    head=heads[item.head] if rule == "diversed" else None,
                     seed=config.seed + index,
-                    tag=(method, index),
+                    tag=(method, index, item.head),
                 )  # fmt: skip
             )
         model = lora if lora_group else draft
         model.generation_config.assistant_confidence_threshold = 0.0  # N drafted tokens a round, as timed
         bar.set_postfix_str(f"{task_name} T={temperature:g} N={n}")
         for result in sample_batched(target, model, requests, sampler_config, batch_size=config.batch_size):
-            method, index = result.tag
+            method, index, head_id = result.tag
             extra = {"finish_reason": result.finish_reason,
                      "verified_acceptance_rate": result.stats.verified_acceptance_rate}  # fmt: skip
-            write(task_name, index, temperature, method, n, "sampler", result.completion_ids, None, result.stats, extra)
+            write(task_name, index, temperature, method, n, "sampler", head_id, result.completion_ids, None,
+                  result.stats, extra)  # fmt: skip
             bar.update(1)
     bar.close()
