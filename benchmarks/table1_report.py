@@ -329,7 +329,8 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             "|---|---|---|---|",
             f"| paper | {sd} | {ours} | {quality} |",
         ]
-        heads = [r for r in rows if r["method"] == "diversed" and r["temperature"] == 1.0 and r["N"] == 5]
+        heads = [r for r in rows if r["method"] == "diversed" and r["temperature"] == 1.0 and r["N"] == 5
+                 and _trained_on(r["head"]) in (task, "-")]  # a head of another task: the cross-task table  # fmt: skip
         sd_cell = _pct(exact["acceptance_rate"]) if exact else "-"
         sd_quality = format_quality(exact) if exact else "-"
         for head in heads or [None]:
