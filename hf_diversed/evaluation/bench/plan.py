@@ -149,17 +149,14 @@ def shard_plan(plan: list[Planned], index: int, count: int) -> list[Planned]:
     return [p for p in plan if p.index % count == index]
 
 
-def _variants(config: BenchConfig, method: BenchMethod) -> tuple[str | None, ...]:
-    """The heads a method runs with: each of ``config.heads`` for ``diversed`` (one record set per head)."""
-    return config.head_ids if method.label == "diversed" else (None,)
-
-
 def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[Planned]:
     """Every generation of the run, in order.
 
     The timed loop's examples outermost so machine drift hits all methods alike; every example through the
     sampler."""
     methods = [BenchMethod(label) for label in config.methods]
+    head_ids = config.head_ids  # method diversed runs once per head (one record set each)
+    variants = {m.label: head_ids if m.label == "diversed" else (None,) for m in methods}
     plan = []
     for task_name in config.tasks:
         for temperature in config.temperatures:
@@ -168,7 +165,7 @@ def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[P
                     if index >= (config.ar_examples if method.label == "ar" else config.timed_examples):
                         continue
                     for n in config.num_assistant_tokens if method.uses_draft else (None,):
-                        for head in _variants(config, method):
+                        for head in variants[method.label]:
                             key = _plan_key(config, task_name, temperature, method, index, n, "loop", head)
                             plan.append(Planned(key, task_name, temperature, method, index, n, "loop", head))
     for task_name in config.tasks:
@@ -177,7 +174,7 @@ def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[P
                 for index in range(len(rows[task_name])):
                     for method in methods:
                         if method.has_stats:
-                            for head in _variants(config, method):
+                            for head in variants[method.label]:
                                 key = _plan_key(config, task_name, temperature, method, index, n, "sampler", head)
                                 plan.append(Planned(key, task_name, temperature, method, index, n, "sampler", head))
     return plan
