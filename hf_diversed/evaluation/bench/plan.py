@@ -42,7 +42,7 @@ class Planned(NamedTuple):
     head: str | None = None
 
 
-def _plan_key(
+def _planned(
     config: BenchConfig,
     task: str,
     temperature: float,
@@ -51,8 +51,9 @@ def _plan_key(
     n: int | None,
     engine: str,
     head: str | None,
-) -> tuple:
-    return record_key(
+) -> Planned:
+    """One planned generation with its record key."""
+    key = record_key(
         {
             "engine": engine,
             "task": task,
@@ -70,6 +71,7 @@ def _plan_key(
             "lora_draft": config.lora_id if method.lora else None,
         }
     )
+    return Planned(key, task, temperature, method, index, n, engine, head)
 
 
 def load_records(path: str | os.PathLike) -> list[dict]:
@@ -166,8 +168,7 @@ def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[P
                         continue
                     for n in config.num_assistant_tokens if method.uses_draft else (None,):
                         for head in variants[method.label]:
-                            key = _plan_key(config, task_name, temperature, method, index, n, "loop", head)
-                            plan.append(Planned(key, task_name, temperature, method, index, n, "loop", head))
+                            plan.append(_planned(config, task_name, temperature, method, index, n, "loop", head))
     for task_name in config.tasks:
         for temperature in config.temperatures:
             for n in config.num_assistant_tokens:
@@ -175,6 +176,5 @@ def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[P
                     for method in methods:
                         if method.has_stats:
                             for head in variants[method.label]:
-                                key = _plan_key(config, task_name, temperature, method, index, n, "sampler", head)
-                                plan.append(Planned(key, task_name, temperature, method, index, n, "sampler", head))
+                                plan.append(_planned(config, task_name, temperature, method, index, n, "sampler", head))
     return plan
