@@ -200,6 +200,26 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     assert (out / bench.SUMMARY_FILE).read_text() == written
 
 
+def test_plot_names_every_head_apart():
+    """Heads of different runs share a folder name; the plot's legend names them by run and head."""
+    from hf_diversed.evaluation.plotting import point_label
+
+    rows = [
+        {"method": "diversed", "head": "docs/training/gsm8k-full/opt0.1-lambda-0.01", "N": 5},
+        {"method": "diversed", "head": "docs/training/mbpp-full/opt0.1-lambda-0.01", "N": 5},
+        {"method": "diversed", "head": "org/head-gsm8k", "N": 3},
+        {"method": "static:0.5", "head": None, "N": 5},
+    ]
+    labels = [point_label(r) for r in rows]
+    assert labels == [
+        "diversed gsm8k-full/opt0.1-lambda-0.01",
+        "diversed mbpp-full/opt0.1-lambda-0.01",
+        "diversed org/head-gsm8k",
+        "static:0.5",
+    ]
+    assert point_label(rows[2], multi_n=True) == "diversed org/head-gsm8k N=3"
+
+
 def test_greedy_engines_agree_and_lora_draft(setup, tmp_path):
     """At T = 0 the sampler's completions are the real loop's (the LoRA draft and a token-class rule included);
     greedy exact SD is the target alone."""

@@ -12,11 +12,21 @@ from .bench.frontier import fitted_frontier
 
 __all__ = ["plot_quality_speed"]
 
+_MARKERS = ("s", "D", "^", "v", "P", "X")
 _X_LABELS = {"speedup": "speedup over autoregressive (×)", "acceptance_rate": "acceptance rate (accepted / drafted)"}
 
 
 def _ok(value) -> bool:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def point_label(row: dict, multi_n: bool = False) -> str:
+    """A method's legend entry; a DIVERSED head is named by the last two parts of its path or Hub id, which tell
+    apart heads of different runs and tasks (``gsm8k-full/opt0.1-lambda-0.01``)."""
+    label = row["method"]
+    if row.get("head") and label == "diversed":
+        label += f" {'/'.join(Path(str(row['head'])).parts[-2:])}"
+    return label + (f" N={row['N']}" if multi_n and row.get("N") else "")
 
 
 def _x_value(row: dict, x: str):
@@ -30,10 +40,9 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
 
     One panel per (task, temperature), in the order the rows come. The static-ensemble sweep (``static:W``)
     is drawn as a connected frontier line with its w values as labels (one line per draft length N); every
-    other method is a labelled point with its 95% quality interval; the target alone's quality (``ar``, else
-    exact SD's, the same law) is a dashed horizontal reference line.
-    Returns the path, or
-    None when no row has both values (nothing is written then).
+    other method is a point with its 95% quality interval, named in the legend beside the panel; the target
+    alone's quality (``ar``, else exact SD's, the same law) is a dashed horizontal reference line. Returns the
+    path, or None when no row has both values (nothing is written then).
     """
     if x not in _X_LABELS:
         raise ValueError(f"x must be one of {', '.join(_X_LABELS)}; got {x!r}")
@@ -48,11 +57,10 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
         return None
 
     n = len(panels)
-    cols = min(n, 3)
-    nrows = math.ceil(n / cols)
-    fig = Figure(figsize=(5.2 * cols, 4.2 * nrows))
+    # one panel a row: each panel's legend stands to its right
+    fig = Figure(figsize=(8.4, 4.2 * n), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, cols, squeeze=False)
+    axes = fig.subplots(n, 1, squeeze=False)
     for ax, ((task, temperature), panel) in zip(axes.flat, panels.items(), strict=False):
         multi_n = len({r.get("N") for r in panel if r.get("N")}) > 1
         reference = next((r for r in panel if r["method"] == "ar" and _ok(r.get("quality"))), None)
@@ -86,28 +94,18 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
         points = sorted(
             (r for r in points if _ok(_x_value(r, x)) and _ok(r.get("quality"))), key=lambda r: _x_value(r, x)
         )
-        xs_all = [v for r in panel if _ok(v := _x_value(r, x))]
-        ys_all = [r["quality"] for r in panel if _ok(r.get("quality"))]
-        x_span = (max(xs_all) - min(xs_all) if xs_all else 0.0) or 1.0
-        y_span = (max(ys_all) - min(ys_all) if ys_all else 0.0) or 1.0
-        placed: list[tuple[float, float]] = []  # labels so far: (x, y) of their points, in data units
-        for row in points:
+        for i, row in enumerate(points):
             xv, yv = _x_value(row, x), row["quality"]
-            # a label that would overprint an earlier one (about 15% of the x range wide, 5% of the y range high)
-            # steps down a line
-            drop = 0
-            while any(abs(xv - px) < 0.15 * x_span and abs(yv - drop * y_span / 30 - py) < 0.05 * y_span
-                      for px, py in placed):  # fmt: skip
-                drop += 1
-            placed.append((xv, yv - drop * y_span / 30))
-            label = row["method"] + (f" N={row['N']}" if multi_n and row.get("N") else "")
             ci, err = row.get("quality_ci"), row.get("quality_stderr")
             if ci and all(_ok(c) for c in ci):  # the 95% interval, asymmetric (Wilson / bootstrap)
                 yerr = [[max(0.0, yv - ci[0])], [max(0.0, ci[1] - yv)]]
             else:
                 yerr = [err] if _ok(err) else None
-            ax.errorbar([xv], [yv], yerr=yerr, fmt="s", markersize=5, capsize=2)
-            ax.annotate(label, (xv, yv), textcoords="offset points", xytext=(4, -10 - 9 * drop), fontsize=7)
+            # named in the legend, not beside the point: a dozen methods crowd one acceptance range; the colors
+            # after the sweeps' lines, a new marker every ten
+            style = i + len(sweeps)
+            ax.errorbar([xv], [yv], yerr=yerr, fmt=_MARKERS[style // 10 % len(_MARKERS)], color=f"C{style % 10}",
+                        markersize=5, capsize=2, label=point_label(row, multi_n))  # fmt: skip
         metric = next((r.get("metric") for r in panel if r.get("metric")), "quality")
         ax.set_title(f"{task}, T={temperature:g}")
         ax.set_xlabel(_X_LABELS[x])
@@ -116,11 +114,8 @@ def plot_quality_speed(rows: Sequence[dict], path: str | os.PathLike, *, x: str 
         handles, labels = ax.get_legend_handles_labels()
         if handles:
             unique = dict(zip(labels, handles, strict=True))
-            ax.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
-    fig.tight_layout()
+            ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legends sit beside their panels
     return path
