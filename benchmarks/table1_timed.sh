@@ -16,8 +16,14 @@ gsm8k)
     MAX_NEW=512 EXTRA=(--head docs/training/gsm8k-full/lambda-0.1)
     METHODS=$METHODS,token-class:digits:0,token-class:digits:0.3,diversed
     ;;
-mbpp) MAX_NEW=512 EXTRA=() ;;
-cnndm) MAX_NEW=128 EXTRA=() ;;
+mbpp)
+    MAX_NEW=512 EXTRA=(--head docs/training/mbpp-full/opt0.1-lambda-0.01)
+    METHODS=$METHODS,diversed
+    ;;
+cnndm)
+    MAX_NEW=128 EXTRA=(--head docs/training/cnndm-full/opt0.3-lambda-0.01)
+    METHODS=$METHODS,diversed
+    ;;
 *)
     echo "unknown task '$TASK': pass gsm8k, mbpp or cnndm" >&2
     exit 2
