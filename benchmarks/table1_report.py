@@ -211,13 +211,18 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     if not loop:
         return {}, [], {}
     previous = timed_dir / bench.SUMMARY_FILE
+    runs = load_runs(timed_dir)
+    # A run stopped before its summary still logged its command when it started.
     command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
+    command = command or (runs[-1].get("command") if runs else None)
     costs = _costs(timed_dir)
-    summary = bench.summarize(records, timed_dir, command=command, costs=costs, runs=load_runs(timed_dir))
+    summary = bench.summarize(records, timed_dir, command=command, costs=costs, runs=runs)
     rows = {(r["temperature"], method_label(r), r["N"]): r for r in summary["rows"] if r.get("speedup") is not None}
     ar = next((r for r in summary["rows"] if r["method"] == "ar" and r.get("tokens_per_s")), None)
+    counts = sorted({r["n_timed"] for r in summary["rows"] if r.get("n_timed")})
+    examples = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} (a run stopped part-way)"
     line = (
-        f"Real speed: the batch-1 loop on the first {max(r['n_timed'] for r in summary['rows'])} examples at "
+        f"Real speed: the batch-1 loop on the first {examples} examples at "
         f"{', '.join(sorted({str(r['max_new_tokens']) for r in loop}))} new tokens, every method in one run, "
         f"dtype {', '.join(sorted({str(r['dtype']) for r in loop}))}, CPU "
         f"{', '.join(sorted({str(r.get('cpu_capability')) for r in loop}))} "
@@ -281,8 +286,10 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         tau = _model(r.get("tau_speedup"), r.get("tau_speedup_v1"))
         iid = _model(r.get("analytic_speedup"), r.get("analytic_speedup_v1"))
         t = timed.get((r["temperature"], method_label(r), r["N"])) or (r if r.get("speedup") is not None else None)
-        real = "-" if t is None else f"{t['speedup']:.2f}× ({t.get('n_timed')})"
-        ratio = f"{t['speedup'] / r['tau_speedup']:.2f}" if t is not None and r.get("tau_speedup") else "-"
+        # On the examples the target alone was timed on too, so a run stopped part-way still compares like with like.
+        real_speedup = None if t is None else (t.get("speedup_matched") or t["speedup"])
+        real = "-" if t is None else f"{real_speedup:.2f}× ({t.get('n_timed')})"
+        ratio = f"{real_speedup / r['tau_speedup']:.2f}" if t is not None and r.get("tau_speedup") else "-"
         lines.append(
             f"| {r['temperature']:g} | {method_label(r)} | {_num(r['N'], 'd')} | {r['n']} | {format_quality(r)} | "
             f"{format_paired_diff(r)} | "

@@ -794,6 +794,35 @@ def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_n
     assert any("dtype bfloat16, CPU" in line and line.startswith("Real speed:") for line in lines)
 
 
+def test_table1_report_reads_a_timing_run_stopped_part_way(setup, tmp_path, monkeypatch):
+    """A timing run stopped before its summary: the report names its command from the run log, says how many
+    examples each method has, and compares each method's speed with the target alone's on the same examples."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import table1_report
+
+    timed_dir = tmp_path / "gsm8k-timed"
+    argv = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--methods", "ar,exact", "--num-examples", "2", "--timed-examples", "2",
+        "--batch-size", "4", "--max-new-tokens", "6", "--threads", "1", "-q", "--output-dir", str(timed_dir),
+    ]  # fmt: skip
+    assert bench.main(argv) == 0
+    (timed_dir / bench.SUMMARY_FILE).unlink()
+    records = bench.load_records(timed_dir / bench.RESULTS_FILE)
+    # stopped after the target alone's second example, before exact SD's
+    kept = [r for r in records if not (r["method"] == "exact" and r["engine"] == "loop" and r["example_index"] == 1)]
+    (timed_dir / bench.RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    rows, (line,), _ = table1_report.timed_section(timed_dir)
+    assert "the first 1–2 (a run stopped part-way) examples" in line
+    assert "`hf-diversed bench " in line and "--methods ar,exact " in line and "`None`" not in line
+    (exact,) = [r for key, r in rows.items() if key[1] == "exact"]
+    loop = {(r["method"], r["example_index"]): r for r in kept if r["engine"] == "loop"}
+    ar0, exact0 = loop[("ar", 0)], loop[("exact", 0)]
+    matched = (exact0["new_tokens"] / exact0["seconds"]) / (ar0["new_tokens"] / ar0["seconds"])
+    assert exact["n_timed"] == 1 and exact["speedup_matched"] == pytest.approx(matched)
+
+
 def test_pilot_report_sets_a_pilots_methods_beside_the_tables_on_the_pilots_rows(setup, tmp_path, monkeypatch, capsys):
     """The pilot that picks Table 1's second lenience and α: its methods and the table's, over the pilot's rows only
     (the table has more), sorted by acceptance, each with its quality count, Wilson interval and mean w."""
