@@ -7,9 +7,12 @@
 #   bash benchmarks/table1_timed.sh gsm8k    # ~1 h of a 2-core AVX512-BF16 CPU (512 new tokens)
 #   bash benchmarks/table1_timed.sh mbpp     # ~1 h (512 new tokens)
 #   bash benchmarks/table1_timed.sh cnndm    # ~30 min (128 new tokens)
+#
+# Further arguments go to `hf-diversed bench`, e.g. `--remeasure-costs` to time c and v again on an idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TASK=${1:?usage: bash benchmarks/table1_timed.sh gsm8k|mbpp|cnndm}
+TASK=${1:?usage: bash benchmarks/table1_timed.sh gsm8k|mbpp|cnndm [hf-diversed bench arguments]}
+shift
 METHODS=ar,exact,lossy:0.5,cascade-opt:0.1
 case "$TASK" in
 gsm8k)
@@ -31,5 +34,5 @@ cnndm)
 esac
 hf-diversed bench --tasks "$TASK" --methods "$METHODS" "${EXTRA[@]}" --static-sweep 0,0.1,0.3,0.5,0.7,0.9 \
     --temperature 1 --num-examples 10 --timed-examples 10 --max-new-tokens "$MAX_NEW" --num-assistant-tokens 5 \
-    --batch-size 64 --threads 2 --dtype "${DTYPE:-bfloat16}" --output-dir "docs/table1/$TASK-timed"
+    --batch-size 64 --threads 2 --dtype "${DTYPE:-bfloat16}" --output-dir "docs/table1/$TASK-timed" "$@"
 python benchmarks/table1_report.py

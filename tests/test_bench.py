@@ -823,6 +823,36 @@ def test_table1_report_reads_a_timing_run_stopped_part_way(setup, tmp_path, monk
     assert exact["n_timed"] == 1 and exact["speedup_matched"] == pytest.approx(matched)
 
 
+def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch):
+    """Until every task has its records, SD with the distilled draft and a full timing run, the report names what is
+    missing (and its title says "in progress")."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import table1_report
+
+    common = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--num-examples", "2", "--batch-size", "4", "--max-new-tokens", "6", "--threads", "1",
+        "-q", "--no-costs",
+    ]  # fmt: skip
+    assert (
+        bench.main([*common, "--methods", "exact", "--timed-examples", "0", "--output-dir", str(tmp_path / "gsm8k")])
+        == 0
+    )
+    assert table1_report.outstanding(tmp_path, timed_examples=2) == [
+        "gsm8k: SD with the LoRA-distilled draft",
+        "gsm8k: the real-speed timing run",
+        "mbpp: every record",
+        "cnndm: every record",
+    ]
+    timed = ["--methods", "ar,exact", "--timed-examples", "2", "--output-dir", str(tmp_path / "gsm8k-timed")]
+    assert bench.main([*common, *timed]) == 0
+    assert table1_report.outstanding(tmp_path, timed_examples=2)[:2] == [
+        "gsm8k: SD with the LoRA-distilled draft",
+        "mbpp: every record",
+    ]
+    assert "gsm8k: the timing run, at 2 of 3 examples" in table1_report.outstanding(tmp_path, timed_examples=3)
+
+
 def test_pilot_report_sets_a_pilots_methods_beside_the_tables_on_the_pilots_rows(setup, tmp_path, monkeypatch, capsys):
     """The pilot that picks Table 1's second lenience and α: its methods and the table's, over the pilot's rows only
     (the table has more), sorted by acceptance, each with its quality count, Wilson interval and mean w."""
