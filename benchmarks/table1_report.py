@@ -310,6 +310,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         "real / τ model |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    slower = []  # the timed methods slower than the target alone on this CPU
     for r in rows:
         tau = _model(r.get("tau_speedup"), r.get("tau_speedup_v1"))
         iid = _model(r.get("analytic_speedup"), r.get("analytic_speedup_v1"))
@@ -318,6 +319,9 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         real_speedup = None if t is None else (t.get("speedup_matched") or t["speedup"])
         real = "-" if t is None else f"{real_speedup:.2f}× ({t.get('n_timed')})"
         ratio = f"{real_speedup / r['tau_speedup']:.2f}" if t is not None and r.get("tau_speedup") else "-"
+        if real_speedup is not None and real_speedup < 1:
+            slower.append(f"{method_label(r)} at T = {r['temperature']:g} ({real_speedup:.2f}×; τ model with v = 1: "
+                          f"{_num(r.get('tau_speedup_v1'))}×)")  # fmt: skip
         lines.append(
             f"| {r['temperature']:g} | {method_label(r)} | {_num(r['N'], 'd')} | {r['n']} | {format_quality(r)} | "
             f"{format_paired_diff(r)} | "
@@ -341,6 +345,11 @@ def task_section(task: str, out_dir: Path) -> list[str]:
         ]
     if timed_lines:
         lines += ["", *timed_lines]
+        lines[-1] += (
+            f" Slower than the target alone on this CPU: {'; '.join(slower)}."
+            if slower
+            else " Every timed method ran faster than the target alone on this CPU."
+        )
     pilot = out_dir.parent / f"{task}-pilot" / "README.md"
     if pilot.is_file():
         lines += [

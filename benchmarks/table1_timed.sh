@@ -16,7 +16,7 @@ shift
 METHODS=ar,exact,lossy:0.5,cascade-opt:0.1
 case "$TASK" in
 gsm8k)
-    MAX_NEW=512 EXTRA=(--head docs/training/gsm8k-full/lambda-0.1)
+    MAX_NEW=512 EXTRA=(--head docs/training/gsm8k-full/lambda-0.1 --head docs/training/gsm8k-full/opt0.1-lambda-0.01)
     METHODS=$METHODS,token-class:digits:0,token-class:digits:0.3,diversed
     ;;
 mbpp)

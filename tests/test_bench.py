@@ -799,7 +799,13 @@ def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_n
     exact_line = next(line for line in lines if line.startswith("| 1 | exact | 5 |"))
     assert f"| {tau_model:.2f}× (" in exact_line
     assert any(line.startswith("Costs measured beside the real timing (bfloat16)") for line in lines)
-    assert any("dtype bfloat16, CPU" in line and line.startswith("Real speed:") for line in lines)
+    speed_line = next(line for line in lines if line.startswith("Real speed:"))
+    assert "dtype bfloat16, CPU" in speed_line
+    # it names the methods slower than the target alone, or says there are none
+    real = float(exact_line.split(" | ")[13].split("×")[0])
+    named_slower = "exact at T = 1 (" in speed_line
+    assert named_slower == ("Slower than the target alone" in speed_line)
+    assert real <= 1.0 if named_slower else real >= 1.0
 
 
 def test_table1_report_reads_a_timing_run_stopped_part_way(setup, tmp_path, monkeypatch):
