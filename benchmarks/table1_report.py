@@ -245,8 +245,8 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
         if not records:
             missing.append(f"{task}: every record")
             continue
-        if unfinished_methods(records):
-            missing.append(f"{task}: {len(unfinished_methods(records))} methods mid-run")
+        if partial := unfinished_methods(records):
+            missing.append(f"{task}: {len(partial)} methods mid-run")
         if not any(r["method"] == LORA_METHOD for r in records):
             missing.append(f"{task}: SD with the LoRA-distilled draft")
         loop = [

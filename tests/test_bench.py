@@ -839,7 +839,7 @@ def test_table1_report_reads_a_timing_run_stopped_part_way(setup, tmp_path, monk
 
 def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch):
     """Until every task has its records, SD with the distilled draft and a full timing run, the report names what is
-    missing (and its title says "in progress")."""
+    missing (and the title says "in progress" while anything is)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import table1_report
 
