@@ -828,13 +828,36 @@ def test_table1_report_reads_a_timing_run_stopped_part_way(setup, tmp_path, monk
     (timed_dir / bench.RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
 
     rows, (line,), _ = table1_report.timed_section(timed_dir)
-    assert "the first 1–2 (a run stopped part-way) examples" in line
+    assert "the first 1–2 (a run stopped part-way) examples" in line and "every method in one run" in line
     assert "`hf-diversed bench " in line and "--methods ar,exact " in line and "`None`" not in line
     (exact,) = [r for key, r in rows.items() if key[1] == "exact"]
     loop = {(r["method"], r["example_index"]): r for r in kept if r["engine"] == "loop"}
     ar0, exact0 = loop[("ar", 0)], loop[("exact", 0)]
     matched = (exact0["new_tokens"] / exact0["seconds"]) / (ar0["new_tokens"] / ar0["seconds"])
     assert exact["n_timed"] == 1 and exact["speedup_matched"] == pytest.approx(matched)
+
+
+def test_table1_report_says_when_a_timing_run_was_resumed_in_another_invocation(setup, tmp_path, monkeypatch):
+    """A method added to a timing run later is timed in another sitting of the machine: the report says how many
+    invocations timed the methods and when each started, instead of "every method in one run"."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import table1_report
+
+    timed_dir = tmp_path / "gsm8k-timed"
+    common = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--num-examples", "2", "--timed-examples", "2", "--batch-size", "4",
+        "--max-new-tokens", "6", "--threads", "1", "-q", "--no-costs", "--output-dir", str(timed_dir),
+    ]  # fmt: skip
+    assert bench.main([*common, "--methods", "ar,exact"]) == 0
+    time.sleep(1.1)  # the run log and the records are stamped to the second
+    assert bench.main([*common, "--methods", "ar,exact,static:0"]) == 0
+
+    rows, (line,), _ = table1_report.timed_section(timed_dir)
+    starts = [run["started"] for run in bench.load_runs(timed_dir)]
+    assert len(starts) == 2 and f"timed in 2 invocations (started {starts[0]}, {starts[1]}:" in line
+    assert "every method in one run" not in line
+    assert {key[1] for key in rows} >= {"exact", "static:0"}
 
 
 def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch):
