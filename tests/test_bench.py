@@ -476,7 +476,7 @@ def test_intervals_and_paired_differences():
 def test_run_log_gives_wall_clock_and_throughput():
     """An invocation owns the records written between its start and the next one's; its wall-clock time runs
     from its start to its last record; one stopped before its first record is counted, not listed."""
-    from hf_diversed.evaluation.bench.runs import format_runs, summarize_runs
+    from hf_diversed.evaluation.bench.runs import format_runs, invocation_of, summarize_runs
 
     def record(stamp, tokens, engine="sampler"):
         return {"time": f"2026-11-26T{stamp}+0000", "new_tokens": tokens, "engine": engine}
@@ -498,6 +498,9 @@ def test_run_log_gives_wall_clock_and_throughput():
     assert "1.00 h" in text and "1 earlier records predate the log" in text
     assert "killed" not in text and "1 invocation stopped before writing a record" in text
     assert summarize_runs([], records) is None and format_runs(None) == []
+    # the invocation that wrote a record: the last started at or before it (the killed one owns nothing after 12:00)
+    assert [invocation_of(runs, r) for r in records] == [None, 0, 0, 2, 2]
+    assert invocation_of(runs, {"new_tokens": 1}) is None
 
 
 def _frontier_records(method: str, acceptance: float, quality: float, n: int = 100) -> list[dict]:
@@ -693,6 +696,13 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
     ]  # fmt: skip
     assert bench.main(bench_args) == 0
 
+    # its timing run beside it (``<table1>-timed``): the card gives the head's real speed over the target alone's
+    timed_args = [a for a in bench_args if a not in ("--no-costs", "-q")]
+    timed_args[timed_args.index("--methods") + 1] = "ar,exact,cascade-opt:0.1,diversed"
+    timed_args[timed_args.index("--timed-examples") + 1] = "2"
+    timed_args[timed_args.index("--output-dir") + 1] = "table1-timed"
+    assert bench.main([*timed_args, "--no-costs", "-q"]) == 0
+
     dest = tmp_path / "bundled"
     assert ship_head.main(["--run", "runs/head", "--table1", "table1", "--dest", str(dest), "--", *train_args]) == 0
     assert {p.name for p in dest.iterdir()} == {"config.json", "model.safetensors", "README.md"}
@@ -709,6 +719,10 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
     assert "Head minus `token-class:digits:0` on 3 shared examples" in card
     assert "Head minus `cascade-opt:0.1` on 3 shared examples" in card
     assert "in progress" not in card  # every method holds rows 0..2: a complete run
+    assert "Real speed (`table1-timed`): the batch-1 loop on the first 2 examples" in card
+    speed = {line.split(" | ")[0][2:]: line for line in card.splitlines() if line.endswith("× |")}
+    assert set(speed) == {"target alone", "exact SD", "this head", "cascade-opt:0.1"}
+    assert speed["target alone"].endswith("| 1.00× |") and "invocations of the run" not in card
     with pytest.raises(SystemExit, match="no records of the head"):
         ship_head.main(["--run", str(tmp_path / "runs" / "head"), "--table1", "table1", "--dest", str(dest), "--",
                         *train_args])  # fmt: skip

@@ -31,6 +31,7 @@ from hf_diversed.evaluation.bench.frontier import (
     unfinished_methods,
 )
 from hf_diversed.evaluation.bench.plan import load_records
+from hf_diversed.evaluation.bench.runs import invocation_of, load_runs
 from hf_diversed.evaluation.bench.summary import summarize_records
 from hf_diversed.evaluation.real_models import SPECS
 from hf_diversed.modeling.model_card import render_head_card
@@ -136,6 +137,36 @@ def table1_section(table1: Path, head_key: str) -> list[str]:
     return lines
 
 
+def speed_section(timed: Path, head_key: str) -> list[str]:
+    """The head's real batch-1 speed from a Table 1 timing run (``<table1>-timed``), beside the target alone, exact
+    SD and the speculative cascades timed with it; nothing when the run did not time the head."""
+    loop = [r for r in load_records(timed / "results.jsonl") if r.get("engine", "loop") == "loop"]
+    label = f"diversed@{head_key}"
+    rows = {method_label(r): r for r in summarize_records(loop) if r.get("tokens_per_s")}
+    if label not in rows or "ar" not in rows:
+        return []
+    head, ar = rows[label], rows["ar"]
+    runs = load_runs(timed)
+    sittings = {invocation_of(runs, r) for r in loop if method_label(r) in ("ar", label)}
+    threads = sorted({str(runs[i].get("threads")) for i in sittings if i is not None})
+    shown = [("target alone", ar), ("exact SD", rows.get("exact")), ("this head", head)]
+    shown += [(m, r) for m, r in sorted(rows.items()) if m.startswith("cascade-")]
+    lines = [
+        f"Real speed (`{timed}`): the batch-1 loop on the first {head['n_timed']} examples, "
+        f"{head['max_new_tokens']} new tokens, T = {head['temperature']:g}, N = {head['N']}, dtype {head['dtype']}, "
+        f"CPU {', '.join(sorted({str(r.get('cpu_capability')) for r in loop}))}"
+        + (f", {'/'.join(threads)} threads." if threads else "."),
+        "",
+        "| method | tokens/s | speedup over the target alone |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {name} | {r['tokens_per_s']:.2f} | {r['speedup']:.2f}× |" for name, r in shown if r is not None]
+    if len(sittings) > 1:
+        lines += ["", f"The head and the target alone were timed over {len(sittings)} invocations of the run (a "
+                      "resumed run): their ratio may compare different sittings of the machine."]  # fmt: skip
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
@@ -161,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     training = "```bash\npython training/train.py " + shlex.join(train_args) + "\n```\n\n" + training_section(config)
     evaluation = held_out_section(args.run, config)
     if args.table1 is not None:
-        evaluation += [""] + table1_section(args.table1, args.run.as_posix().rstrip("/"))
+        head_key = args.run.as_posix().rstrip("/")
+        evaluation += [""] + table1_section(args.table1, head_key)
+        speed = speed_section(args.table1.with_name(args.table1.name + "-timed"), head_key)
+        evaluation += [""] + speed if speed else []
     card = render_head_card(repo_id=repo_id, target_model=target, draft_model=draft,
                             vocab_size=head_config.get("vocab_size"), task=task, training=training,
                             evaluation="\n".join(evaluation))  # fmt: skip

@@ -85,6 +85,16 @@ def _parse(stamp) -> datetime.datetime | None:
         return None
 
 
+def invocation_of(runs: Sequence[dict], record: dict) -> int | None:
+    """Index in ``runs`` (start order) of the invocation that wrote ``record``: the last one started at or before
+    its time stamp (None for a record without one or older than the log)."""
+    stamp = _parse(record.get("time"))
+    if stamp is None:
+        return None
+    started = [i for i, run in enumerate(runs) if _parse(run["started"]) <= stamp]
+    return started[-1] if started else None
+
+
 def summarize_runs(runs: Sequence[dict], records: Sequence[dict]) -> dict | None:
     """Per invocation that wrote records: its records, new tokens, wall-clock seconds and tokens/s (sampler records
     and all); the totals over the logged invocations; how many invocations wrote nothing and how many records
