@@ -34,7 +34,7 @@ from hf_diversed.evaluation.bench.frontier import (
     unfinished_methods,
 )
 from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
-from hf_diversed.evaluation.bench.runs import format_runs, load_runs, summarize_runs
+from hf_diversed.evaluation.bench.runs import format_runs, invocation_of, load_runs
 from hf_diversed.evaluation.bench.summary import summarize_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,11 +223,11 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     ar = next((r for r in summary["rows"] if r["method"] == "ar" and r.get("tokens_per_s")), None)
     counts = sorted({r["n_timed"] for r in summary["rows"] if r.get("n_timed")})
     examples = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} (a run stopped part-way)"
-    timed_runs = (summarize_runs(runs, loop) or {}).get("runs", [])
+    sittings = sorted({invocation_of(runs, r) for r in loop} - {None})
     when = (
         "every method in one run"
-        if len(timed_runs) <= 1
-        else f"timed in {len(timed_runs)} invocations (started {', '.join(r['started'] for r in timed_runs)}: "
+        if len(sittings) <= 1
+        else f"timed in {len(sittings)} invocations (started {', '.join(runs[i]['started'] for i in sittings)}: "
         "a speedup between methods timed in different invocations compares two sittings of the machine)"
     )
     line = (
