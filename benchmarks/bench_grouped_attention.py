@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-from transformers.integrations import sdpa_attention
 
 from hf_diversed.generation import _compat
 from hf_diversed.modeling.dtypes import cpu_capability
@@ -37,17 +36,17 @@ CONFIGS = Path(__file__).parent / "configs"
 
 @contextlib.contextmanager
 def copies(on: bool):
-    """transformers' own choice (copies) while ``on``; otherwise the grouped path, as in a DIVERSED generate."""
+    """transformers' own choice (copies) while ``on``, a DIVERSED generate included; otherwise the grouped path."""
     if not on:
         with _compat.grouped_attention_on_cpu():
             yield
         return
-    patched = sdpa_attention.use_gqa_in_sdpa
-    sdpa_attention.use_gqa_in_sdpa = _compat.original_use_gqa_in_sdpa
+    patch = _compat.grouped_attention_patch
+    grouped, patch.replacement = patch.replacement, _compat.original_use_gqa_in_sdpa
     try:
         yield
     finally:
-        sdpa_attention.use_gqa_in_sdpa = patched
+        patch.replacement = grouped
 
 
 def _seconds(fn, repeats: int) -> dict[bool, float]:

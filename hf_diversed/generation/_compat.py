@@ -4,13 +4,15 @@ Tested against transformers 5.23 (pinned in pyproject.toml); ``tests/test_compat
 private names and signatures used here still exist, and the parity tests pin behaviour against
 transformers' own assisted generation.
 
-What is patched, once, on ``import hf_diversed``:
-- ``GenerationMixin.generate`` accepts ``diversed_head=`` and ``diversed_verifier=``; without them it is
-  the original function, called with the same arguments.
-- ``GenerationMixin._assisted_decoding`` runs hf_diversed's loop while a DIVERSED ``generate`` call is in
-  progress (a context variable carries its settings), and the original loop otherwise.
-- ``transformers.integrations.sdpa_attention.use_gqa_in_sdpa`` answers True for CPU tensors inside
-  ``grouped_attention_on_cpu()`` (entered by a DIVERSED ``generate``), and the original answer otherwise.
+What is patched, and when:
+- On ``import hf_diversed``, only ``GenerationMixin.generate``: it accepts ``diversed_head=`` and
+  ``diversed_verifier=``; a call without them (and without ``assistant_model``) goes straight to the original
+  function with the same arguments, and one with ``assistant_model`` only applies the draft's saved vocabulary.
+- While a DIVERSED ``generate`` runs (``diversed_call``), and only then, ``GenerationMixin._assisted_decoding``
+  runs hf_diversed's loop for that call (a context variable carries its settings; other threads' calls get the
+  original loop) and ``transformers.integrations.sdpa_attention.use_gqa_in_sdpa`` answers True for CPU tensors
+  (``grouped_attention_on_cpu``). Both are restored when the last such call returns, so code that never passes
+  the DIVERSED arguments runs, traces and compiles exactly as without hf_diversed.
 
 Not a patch: ``apply_draft_warpers_once`` edits one ``AssistedCandidateGenerator``'s private generation
 config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once.
@@ -23,6 +25,7 @@ import contextvars
 import copy
 import functools
 import inspect
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +50,7 @@ __all__ = [
     "AssistedCandidateGenerator",
     "CandidateGenerator",
     "GenerateDecoderOnlyOutput",
+    "ScopedPatch",
     "StaticCache",
     "active_settings",
     "apply_draft_warpers_once",
@@ -56,8 +60,10 @@ __all__ = [
     "cache_write_rows",
     "check_batchable_cache",
     "check_transformers_version",
+    "diversed_call",
     "generation_logits_processors",
     "grouped_attention_on_cpu",
+    "grouped_attention_patch",
     "install",
     "original_assisted_decoding",
     "original_generate",
@@ -77,13 +83,9 @@ split_model_outputs = _split_model_outputs
 original_generate: Callable[..., Any] = getattr(
     GenerationMixin.generate, "__hf_diversed_original__", GenerationMixin.generate
 )
-original_assisted_decoding: Callable[..., Any] = getattr(
-    GenerationMixin._assisted_decoding, "__hf_diversed_original__", GenerationMixin._assisted_decoding
-)
+original_assisted_decoding: Callable[..., Any] = GenerationMixin._assisted_decoding
 
-original_use_gqa_in_sdpa: Callable[..., bool] = getattr(
-    sdpa_attention.use_gqa_in_sdpa, "__hf_diversed_original__", sdpa_attention.use_gqa_in_sdpa
-)
+original_use_gqa_in_sdpa: Callable[..., bool] = sdpa_attention.use_gqa_in_sdpa
 
 # Settings of the DIVERSED generate call in progress (None outside one).
 active_settings: contextvars.ContextVar[Any] = contextvars.ContextVar("hf_diversed_settings", default=None)
@@ -155,14 +157,58 @@ def apply_draft_warpers_once(drafter: AssistedCandidateGenerator) -> None:
         )
 
 
+class ScopedPatch:
+    """``owner.name = replacement`` while at least one ``with patch:`` block runs (in any thread), else the original.
+
+    Reference-counted, so nested and concurrent blocks install once and the last one out restores the original.
+    """
+
+    def __init__(self, owner: Any, name: str, replacement: Callable[..., Any]):
+        self.owner, self.name, self.replacement = owner, name, replacement
+        self.original = getattr(owner, name)
+        self._depth = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> ScopedPatch:
+        with self._lock:
+            if self._depth == 0:
+                setattr(self.owner, self.name, self.replacement)
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                setattr(self.owner, self.name, self.original)
+
+    @property
+    def active(self) -> bool:
+        return self._depth > 0
+
+
+def _use_gqa_in_sdpa(attention_mask, key, value) -> bool:
+    # Installed only inside grouped_attention_on_cpu(). Under Dynamo (a forward compiled inside such a block) the
+    # context variable cannot be traced, and the patch being installed already says the block is open.
+    if key.device.type == "cpu" and key.shape[-1] == value.shape[-1] and _SDPA_HAS_GQA:
+        if torch.compiler.is_compiling() or _grouped_on_cpu.get():
+            return True
+    return original_use_gqa_in_sdpa(attention_mask, key, value)
+
+
+grouped_attention_patch = ScopedPatch(sdpa_attention, "use_gqa_in_sdpa", _use_gqa_in_sdpa)
+_assisted_decoding_patch: ScopedPatch | None = None  # set by install()
+
+
 def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]) -> None:
-    """Patch ``GenerationMixin`` so ``generate`` routes DIVERSED arguments to ``generate_hook``.
+    """Patch ``GenerationMixin.generate`` so that it routes DIVERSED arguments to ``generate_hook``.
 
     ``generate_hook(model, original_generate, *args, **kwargs)`` handles calls that carry DIVERSED
     arguments or an ``assistant_model`` (whose saved draft vocabulary it applies);
-    ``decoding_loop(model, settings, *args, **kwargs)`` replaces the assisted-decoding loop while
-    ``active_settings`` is set.
+    ``decoding_loop(model, settings, *args, **kwargs)`` replaces the assisted-decoding loop inside
+    ``diversed_call(settings)``, and nowhere else.
     """
+    global _assisted_decoding_patch
 
     @functools.wraps(original_generate)
     def generate(self, *args, **kwargs):
@@ -173,22 +219,26 @@ def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]
     @functools.wraps(original_assisted_decoding)
     def _assisted_decoding(self, *args, **kwargs):
         settings = active_settings.get()
-        if settings is None:
+        if settings is None:  # another thread's plain assisted generate while a DIVERSED call runs
             return original_assisted_decoding(self, *args, **kwargs)
         return decoding_loop(self, settings, *args, **kwargs)
 
-    @functools.wraps(original_use_gqa_in_sdpa)
-    def use_gqa_in_sdpa(attention_mask, key, value) -> bool:
-        if _grouped_on_cpu.get() and key.device.type == "cpu" and key.shape[-1] == value.shape[-1]:
-            return True
-        return original_use_gqa_in_sdpa(attention_mask, key, value)
-
     generate.__hf_diversed_original__ = original_generate
-    _assisted_decoding.__hf_diversed_original__ = original_assisted_decoding
-    use_gqa_in_sdpa.__hf_diversed_original__ = original_use_gqa_in_sdpa
     GenerationMixin.generate = generate
-    GenerationMixin._assisted_decoding = _assisted_decoding
-    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+    _assisted_decoding_patch = ScopedPatch(GenerationMixin, "_assisted_decoding", _assisted_decoding)
+
+
+@contextlib.contextmanager
+def diversed_call(settings: Any):
+    """The scope of one DIVERSED ``generate``: its settings, hf_diversed's assisted loop and grouped attention."""
+    if _assisted_decoding_patch is None:
+        raise RuntimeError("hf_diversed's generate hook is not installed: `import hf_diversed` first.")
+    token = active_settings.set(settings)
+    try:
+        with _assisted_decoding_patch, grouped_attention_on_cpu():
+            yield
+    finally:
+        active_settings.reset(token)
 
 
 @contextlib.contextmanager
@@ -200,11 +250,13 @@ def grouped_attention_on_cpu():
     target scores N + 1 positions) and every multi-token draft forward. torch's CPU kernel computes the same
     attention from the grouped heads directly; the copies cost up to ~7x the attention itself at 700 cached
     positions (``benchmarks/bench_grouped_attention.py``). transformers keeps the copies on CUDA because its
-    fused kernels take no mask with grouped heads, so this leaves other devices as they are.
+    fused kernels take no mask with grouped heads, so this leaves other devices as they are. The replacement is
+    installed for the block only (``ScopedPatch``): outside every block transformers' own function is in place.
     """
-    token = _grouped_on_cpu.set(_SDPA_HAS_GQA)
+    token = _grouped_on_cpu.set(True)
     try:
-        yield
+        with grouped_attention_patch:
+            yield
     finally:
         _grouped_on_cpu.reset(token)
 

@@ -123,12 +123,8 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     settings = DecodingSettings(
         rule=rule, head=head, num_assistant_tokens=num_tokens, num_assistant_tokens_schedule=schedule, trace=trace
     )
-    token = _compat.active_settings.set(settings)
-    try:
-        with torch.no_grad(), _compat.grouped_attention_on_cpu():
-            output = original_generate(model, *args, **kwargs)
-    finally:
-        _compat.active_settings.reset(token)
+    with torch.no_grad(), _compat.diversed_call(settings):
+        output = original_generate(model, *args, **kwargs)
     if not settings.entered:
         raise RuntimeError(
             "`diversed_head`/`diversed_verifier` were given, but generate did not run assisted decoding with "
