@@ -61,7 +61,7 @@ def acceptance(args) -> None:
     for (task, size), draft in _draft_dirs(args).items():
         ns = args.ns if size in (FULL, *args.all_n_sizes.split(",")) else args.default_n
         cmd = [
-            sys.executable, "-m", "hf_diversed.bench", "--tasks", task, "--draft", draft,
+            sys.executable, "-m", "hf_diversed.evaluation.bench", "--tasks", task, "--draft", draft,
             "--methods", args.methods, "--num-examples", str(args.num_examples), "--num-assistant-tokens", ns,
             "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1", "--timed-examples", "0",
             "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--dtype", args.dtype,
@@ -83,7 +83,7 @@ def _step(model, cache, length: int, token: torch.Tensor, k: int) -> None:
 
 def timing(args) -> None:
     """Median seconds of one forward at batch 1 after a cached GSM8K prompt, all variants interleaved."""
-    from hf_diversed.evaluation.demo import load_pair
+    from hf_diversed.evaluation.models import load_pair
     from hf_diversed.evaluation.real_models import DRAFT_NAME, TARGET_NAME
     from hf_diversed.evaluation.tasks import get_task
     from hf_diversed.modeling.draft_vocabulary import TrimmedLMHead, decode_ids

@@ -118,7 +118,7 @@ def _random_pair(args):
 
 
 def _real_pair(args):
-    from hf_diversed.evaluation.demo import load_pair
+    from hf_diversed.evaluation.models import load_pair
     from hf_diversed.evaluation.real_models import DRAFT_NAME, TARGET_NAME
     from hf_diversed.evaluation.tasks import get_task
 

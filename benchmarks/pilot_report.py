@@ -16,7 +16,7 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from hf_diversed import bench
+from hf_diversed.evaluation import bench
 from hf_diversed.evaluation.bench.summary import bootstrap_interval, wilson_interval
 
 

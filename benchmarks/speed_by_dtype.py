@@ -10,8 +10,8 @@ import argparse
 
 import torch
 
-from hf_diversed.evaluation.demo import load_pair
 from hf_diversed.evaluation.methods import Method, timed_generate
+from hf_diversed.evaluation.models import load_pair
 from hf_diversed.evaluation.real_models import DRAFT_NAME, TARGET_NAME
 from hf_diversed.evaluation.tasks import get_task
 

@@ -6,8 +6,8 @@ Reads ``docs/table1/<task>/results.jsonl`` (and ``costs.json``), written by the 
         --temperature 1 --num-examples 150 --max-new-tokens 512 --num-assistant-tokens 5 --timed-examples 0 \
         --batch-size 32 --threads 2 --output-dir docs/table1/gsm8k
 
-summarizes them with ``hf_diversed.bench`` (quality with 95% intervals, paired differences to the target alone,
-acceptance, tokens per round, mean w, the speed models), rewrites each run's ``results.md`` and plots, and
+summarizes them with ``hf_diversed.evaluation.bench`` (quality with 95% intervals, paired differences to the target
+alone, acceptance, tokens per round, mean w, the speed models), rewrites each run's ``results.md`` and plots, and
 writes ``docs/results.md``. No model is loaded.
 
     python benchmarks/table1_report.py
@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hf_diversed import bench
+from hf_diversed.evaluation import bench
 from hf_diversed.evaluation.bench.config import LORA_METHOD
 from hf_diversed.evaluation.bench.costs import costs_key, pair_costs
 from hf_diversed.evaluation.bench.frontier import (

@@ -283,7 +283,7 @@ def test_data_parallel_under_accelerate_launch(setup, tmp_path):
     parallel, single = tmp_path / "parallel", tmp_path / "single"
     # `accelerate launch --cpu` starts one process; `--multi_gpu` starts two, joined in a gloo group on CPUs
     cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
-           "2", "--main_process_port", str(_free_port()), "-m", "hf_diversed.bench", *argv,
+           "2", "--main_process_port", str(_free_port()), "-m", "hf_diversed.evaluation.bench", *argv,
            "--output-dir", str(parallel)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -374,7 +374,7 @@ def test_user_errors_name_the_fix(tmp_path, capsys, extra, fix):
     argv = ["--output-dir", str(tmp_path / "empty"), "-q", *extra]
     assert bench.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and fix in err
+    assert err.startswith("hf-diversed bench: error: ") and fix in err
 
 
 def test_missing_model_names_the_fix(setup, tmp_path, capsys):

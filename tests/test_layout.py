@@ -1,4 +1,4 @@
-"""The package layout: dependencies between the folders point one way, and the old module paths still import.
+"""The package layout: dependencies between the folders point one way, and each thing has one import path.
 
     modeling/    the head and where heads come from            imports modeling
     generation/  the generate hook and the batched sampler     imports generation, modeling
@@ -6,13 +6,12 @@
     trainer/     the head's RL trainer, the draft distillation imports trainer, evaluation, generation, modeling
     cli/         ``hf-diversed``                               imports anything
 
-The modules left at the top of the package (besides ``__init__.py``) are aliases of moved modules.
+At the top of the package there is only ``__init__.py`` (the public API): no alias modules of moved ones.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import pathlib
 
 import pytest
@@ -27,17 +26,8 @@ ALLOWED = {
     "evaluation": {"evaluation", "generation", "modeling"},
     "trainer": {"trainer", "evaluation", "generation", "modeling"},
 }
-# old module path -> the module it is an alias of
-ALIASES = {
-    "batched": "generation.batched",
-    "bench": "evaluation.bench",
-    "hub": "modeling.hub",
-    "pretrained": "modeling.pretrained",
-    "real_models": "evaluation.real_models",
-    "sandbox": "evaluation.sandbox",
-    "tasks": "evaluation.tasks",
-    "verification": "generation.verification",
-}
+# removed alias modules: nothing may import them
+OLD_PATHS = {"batched", "bench", "hub", "pretrained", "real_models", "sandbox", "tasks", "verification"}
 
 
 def _imported_parts(path: pathlib.Path) -> set[str]:
@@ -67,7 +57,7 @@ def test_dependencies_point_one_way(folder):
     assert files
     for path in files:
         parts = _imported_parts(path)
-        assert not parts & set(ALIASES), f"{path} imports an old module path: use the new one"
+        assert not parts & OLD_PATHS, f"{path} imports a removed module path: use the one under a folder"
         if folder in ALLOWED:
             # the package itself ("": ``import hf_diversed``) is the generation API: not for generation/ or modeling/
             allowed = ALLOWED[folder] | ({""} if "generation" in ALLOWED[folder] - {folder} else set())
@@ -81,30 +71,21 @@ def test_import_scan_sees_relative_and_lazy_imports():
     assert _imported_parts(PACKAGE / "evaluation" / "bench" / "runner.py") >= {"evaluation", "generation", "modeling"}
 
 
-def test_top_level_holds_only_the_api_and_aliases():
-    modules = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
-    assert modules == set(ALIASES)
+def test_top_level_holds_only_the_api():
+    assert {path.stem for path in PACKAGE.glob("*.py")} == {"__init__"}
+    for old in OLD_PATHS:
+        with pytest.raises(ModuleNotFoundError):
+            __import__(f"hf_diversed.{old}")
     folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and path.name != "__pycache__"}
     assert folders == {*FOLDERS, "custom_generate"}
 
 
-@pytest.mark.parametrize("old,new", sorted(ALIASES.items()))
-def test_old_module_paths_still_import(old, new):
-    alias = importlib.import_module(f"hf_diversed.{old}")
-    module = importlib.import_module(f"hf_diversed.{new}")
-    if hasattr(module, "__all__"):
-        assert alias.__all__ == module.__all__
-    names = getattr(module, "__all__", [name for name in vars(module) if not name.startswith("_")])
-    for name in names:
-        assert getattr(alias, name) is getattr(module, name), name
-
-
 def test_public_paths_of_the_readme():
-    from hf_diversed.bench import BenchConfig, run_bench, summarize_records
     from hf_diversed.cli import main
-    from hf_diversed.hub import push_head_folder, seed_hf_cache
-    from hf_diversed.pretrained import export_head_repo
-    from hf_diversed.tasks import get_task
+    from hf_diversed.evaluation.bench import BenchConfig, run_bench, summarize_records
+    from hf_diversed.evaluation.tasks import get_task
+    from hf_diversed.modeling.hub import push_head_folder, seed_hf_cache
+    from hf_diversed.modeling.pretrained import export_head_repo
     from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
 
     assert all(

@@ -5,14 +5,18 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import re
+from pathlib import Path
 
 import pytest
 from conftest import require_data_dir
 
 from hf_diversed.evaluation.tasks import (
     DATA_DIR_ENV,
+    HUB_ONLY,
     TASKS,
+    DataNotFoundError,
     Task,
+    TaskError,
     build_humaneval_program,
     extract_code,
     extract_gsm8k_answer,
@@ -21,6 +25,8 @@ from hf_diversed.evaluation.tasks import (
     parse_split,
     truncate_words,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 ROW_COUNTS = {
     ("gsm8k", "train"): 7473,
@@ -60,7 +66,7 @@ def test_registry():
         assert isinstance(task, Task) and task.name == name
         assert task.metric_name in ("exact_match", "pass@1", "rouge2")
         assert task.reward_columns
-        assert {split for t, split in ROW_COUNTS if t == name} == set(task.splits)
+        assert {split for t, split in ROW_COUNTS if t == name} <= set(task.splits)
     assert get_task("GSM8K") is get_task("gsm8k")
     with pytest.raises(ValueError, match="gsm8k, mbpp, humaneval, cnndm, xsum"):
         get_task("squad")
@@ -108,19 +114,35 @@ def test_sliced_splits_keep_row_ids(data):
     for bad in ("test[1]", "test[a:b]", "test[1:2:3]", ""):
         with pytest.raises(ValueError, match="e.g. 'test', 'test\\[100:\\]'"):
             parse_split(bad)
-    with pytest.raises(ValueError, match="valid splits: test"):
-        get_task("xsum").load("train[:10]")
+    with pytest.raises(ValueError, match="valid splits: train, validation, test"):
+        get_task("xsum").load("dev[:10]")
 
 
 def test_data_dir_errors(tmp_path, monkeypatch):
+    """A folder asked for (the environment variable, data_dir=) must hold the split; the message names the fix."""
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "nowhere"))
-    with pytest.raises(FileNotFoundError, match=DATA_DIR_ENV):
+    with pytest.raises(DataNotFoundError, match=f"{DATA_DIR_ENV}={HUB_ONLY}"):
         get_task("gsm8k").load("test")
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "gsm8k" / "test.jsonl"))):
         get_task("gsm8k").load("test")
+    with pytest.raises(DataNotFoundError, match="or none to load it from the Hugging Face Hub"):
+        get_task("gsm8k").load("test", data_dir=tmp_path)
     # HumanEval still comes from the installed package.
     assert len(get_task("humaneval").load("test")) == 164
+    assert get_task("humaneval").source("test") == "package"
+
+
+def test_unreachable_hub_is_one_line_with_the_fix(tmp_path, monkeypatch):
+    """No local folder and no Hub: one DataNotFoundError naming the dataset id and HF_DIVERSED_DATA_DIR."""
+    monkeypatch.setenv(DATA_DIR_ENV, HUB_ONLY)
+    monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", tmp_path)
+    assert get_task("cnndm").source("test") == "hub:abisee/cnn_dailymail"
+    with pytest.raises(DataNotFoundError) as caught:
+        get_task("cnndm").load("test[:2]")
+    message = str(caught.value)
+    assert "\n" not in message and "abisee/cnn_dailymail" in message and DATA_DIR_ENV in message
 
 
 def test_explicit_data_dir(tmp_path, data):
@@ -129,6 +151,33 @@ def test_explicit_data_dir(tmp_path, data):
     rows.remove_columns("id").to_json(tmp_path / "gsm8k" / "test.jsonl")
     ds = get_task("gsm8k").load("test", data_dir=tmp_path)
     assert ds["question"] == rows["question"] and ds["id"] == rows["id"]
+    assert get_task("gsm8k").source("test", data_dir=tmp_path) == str(tmp_path / "gsm8k" / "test.jsonl")
+
+
+def test_rows_by_id_in_the_order_given(data):
+    full = data("cnndm", "test")
+    ids = [full[5]["id"], full[2]["id"]]
+    assert get_task("cnndm").load("test", ids=ids)["id"] == ids
+    assert get_task("mbpp").load("test", ids=[12, "11"])["task_id"] == [12, 11]  # compared as strings
+    assert get_task("gsm8k").load("test", ids=["gsm8k/test/3"])["question"] == [data("gsm8k", "test")[3]["question"]]
+    with pytest.raises(TaskError, match="1 of the 2 requested ids are not in cnndm/test"):
+        get_task("cnndm").load("test", ids=[ids[0], "no-such-story"])
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "mbpp", "cnndm"])
+def test_table1_id_lists_name_the_rows_the_records_were_made_on(data, task):
+    """docs/table1/<task>/ids.txt (what a user on the Hub passes to --ids) selects exactly the rows of the
+    committed records, index by index, with the prompts they were made on."""
+    from hf_diversed.evaluation.bench import load_records
+    from hf_diversed.evaluation.bench.cli import read_ids
+
+    ids = read_ids(str(REPO / "docs" / "table1" / task / "ids.txt"))
+    rows = get_task(task).load("test", ids=ids)
+    assert list(map(str, rows[get_task(task).id_column])) == list(ids)
+    records = load_records(REPO / "docs" / "table1" / task / "results.jsonl")
+    assert {(r["example_index"], str(r["example_id"])) for r in records} == set(enumerate(ids))
+    tokens = {r["example_index"]: r["prompt_tokens"] for r in records}
+    assert len(tokens) == len(ids)
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -297,3 +346,85 @@ def test_rewards_ignore_trl_extras(data):
         "question": ds["question"],
     }
     assert get_task("gsm8k").reward(ds["question"], ds["answer"], answer=ds["answer"], **extras) == [1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------------------------- the Hub path
+
+# The Hub datasets' own columns (the local copies add `source` to CNN/DM and XSum, and `id` to GSM8K).
+HUB_COLUMNS = {
+    "gsm8k": ("question", "answer"),
+    "mbpp": ("task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list"),
+    "cnndm": ("article", "highlights", "id"),
+    "xsum": ("document", "summary", "id"),
+}
+
+
+def test_hub_path_offline_reads_the_same_rows_as_the_local_folder(data, tmp_path):
+    """Each task's Hub dataset, placed in a `datasets` cache as a download leaves it, loads in a fresh process
+    with HF_HUB_OFFLINE=1 and no local folder (HF_DIVERSED_DATA_DIR=hub), through the same `load_dataset` call a
+    user's machine makes; its first rows, ids included, equal the local folder's, and `--ids` selects by id."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from datasets_cache import seed_datasets_cache
+
+    cache = tmp_path / "datasets"
+    expected = {}
+    for name, columns in HUB_COLUMNS.items():
+        local = data(name, "test").select(range(4))
+        rows = [{c: row[c] for c in columns} for row in local]
+        seed_datasets_cache(cache, get_task(name).hub, {"test": rows})
+        expected[name] = [dict(row) for row in local]
+    script = (
+        "import json, sys\n"
+        "from hf_diversed.evaluation.tasks import get_task\n"
+        "out = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    task = get_task(name)\n"
+        "    rows = [dict(r) for r in task.load('test[:4]')]\n"
+        "    picked = task.load('test', ids=[rows[2][task.id_column]])[0][task.id_column]\n"
+        "    out[name] = {'source': task.source('test'), 'rows': rows, 'picked': picked}\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {
+        **os.environ, DATA_DIR_ENV: HUB_ONLY, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(cache),
+        "HF_HOME": str(tmp_path / "hf_home"),
+    }  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, *HUB_COLUMNS], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    for name, columns in HUB_COLUMNS.items():
+        task = get_task(name)
+        assert got[name]["source"] == f"hub:{task.hub.path}"
+        for hub_row, local_row in zip(got[name]["rows"], expected[name], strict=True):
+            assert str(hub_row[task.id_column]) == str(local_row[task.id_column])
+            assert {c: hub_row[c] for c in columns} == {c: local_row[c] for c in columns}
+        assert str(got[name]["picked"]) == str(expected[name][2][task.id_column])
+
+
+@pytest.mark.slow
+@pytest.mark.real_weights
+@pytest.mark.parametrize("task", ["gsm8k", "mbpp", "cnndm"])
+def test_table1_records_match_their_prompts(data, task):
+    """Every committed Table 1 record's prompt length is that of its row's chat prompt under the real tokenizer:
+    the rows load as they did when the records were made."""
+    pytest.importorskip("gguf")
+    from transformers import AutoTokenizer
+
+    from hf_diversed.evaluation.bench import load_records
+    from hf_diversed.evaluation.bench.cli import read_ids
+    from hf_diversed.evaluation.real_models import ensure_pair
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_pair()[0])
+    spec = get_task(task)
+    rows = spec.load("test", ids=read_ids(str(REPO / "docs" / "table1" / task / "ids.txt")))
+    lengths = [
+        len(tokenizer.apply_chat_template(spec.build_messages(row), add_generation_prompt=True, tokenize=True))
+        for row in rows
+    ]
+    for record in load_records(REPO / "docs" / "table1" / task / "results.jsonl"):
+        assert record["prompt_tokens"] == lengths[record["example_index"]], record["example_id"]

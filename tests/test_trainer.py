@@ -584,7 +584,7 @@ def test_reward_push_splits_the_first_update_into_reward_and_regularizer():
     averaged per class of positions (the rule's exact ones, the rest), with A the step's REINFORCE++ advantage."""
     from hf_diversed.generation.verification import TokenClassEnsemble
     from hf_diversed.trainer.analysis import reward_push
-    from hf_diversed.trainer.diversed_trainer import reinforce_pp_advantages
+    from hf_diversed.trainer.objective import reinforce_pp_advantages
 
     rule = TokenClassEnsemble(token_ids={7}, weight=0.0)  # exact where argmax p (or q) is token 7
     won = _recorded([0.6, 0.3, 0.5], [0.2, 0.3, 0.1], [0.4, 0.1, 0.3], [7, 1, 7])  # the target's tokens won

@@ -198,7 +198,7 @@ def write_report(records: list[dict], out_dir: Path, command: str, positions: in
 def main(argv: Sequence[str] | None = None) -> int:
     import shlex
 
-    from hf_diversed.evaluation.demo import load_pair
+    from hf_diversed.evaluation.models import load_pair
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config, args = TrlParser((DiversedTrainerConfig, SweepArguments)).parse_args_and_config(argv)

@@ -50,7 +50,7 @@ def parse_config(argv: Sequence[str] | None = None):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hf_diversed.evaluation.demo import load_pair
+    from hf_diversed.evaluation.models import load_pair
 
     config = parse_config(argv)
     if not isinstance(config, DiversedTrainerConfig):

@@ -48,9 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors a user's input or a missing resource raise: printed as one line (what and how to fix it), exit 2."""
+    from ..evaluation.bench import BenchError
+    from ..evaluation.real_models import RealModelError
+    from ..evaluation.tasks import DataNotFoundError, TaskError
+
+    return (BenchError, DataNotFoundError, RealModelError, TaskError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except user_errors() as err:
+        print(f"hf-diversed {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -740,7 +740,7 @@ def generate(
         if HEAD_REPO_ID == _PLACEHOLDER:
             raise ValueError(
                 "This custom_generate/generate.py was not exported with a head id: pass diversed_head=<a head "
-                "directory or Hub id>, or export the repository with hf_diversed.hub.write_custom_generate."
+                "directory or Hub id>, or export the repository with hf_diversed.modeling.hub.write_custom_generate."
             )
         diversed_head = HEAD_REPO_ID
     if not isinstance(diversed_head, (str, os.PathLike)):

@@ -4,25 +4,34 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
 from .methods import Method, timed_generate
+from .models import load_pair
+
+DEMO_PROMPTS = Path(__file__).with_name("demo_prompts.jsonl")  # GSM8K (MIT) and MBPP (CC BY 4.0) test rows 0-2
 
 
-def load_pair(target_name: str, draft_name: str, dtype: torch.dtype):
-    """Load (tokenizer, target, draft); names may be the built-in real models, Hub ids or local paths."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def demo_row(task_name: str, example: int) -> dict:
+    """Row ``example`` of ``task_name``'s test split: shipped with the package for GSM8K and MBPP (no data folder or
+    Hub needed), loaded like any task's rows otherwise."""
+    from .tasks import TaskError, get_task
+    from .tasks.sources import read_jsonl
 
-    from ..modeling.draft_vocabulary import apply_draft_vocabulary
-    from .real_models import resolve_model
-
-    target_path, draft_path = resolve_model(target_name), resolve_model(draft_name)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).eval()
-    apply_draft_vocabulary(draft)  # a draft saved by `hf-diversed trim-draft` proposes from its kept ids
-    return tokenizer, target, draft
+    task = get_task(task_name)
+    shipped = [row for row in read_jsonl(DEMO_PROMPTS) if row["task"] == task.name]
+    if shipped:
+        if not 0 <= example < len(shipped):
+            raise TaskError(f"--example {example}: the demo ships {task.name} test rows 0-{len(shipped) - 1}.")
+        return {k: v for k, v in shipped[example].items() if k != "task"}
+    if example < 0:
+        raise TaskError(f"--example {example}: pass a row index >= 0.")
+    data = task.load(f"test[{example}:{example + 1}]")
+    if len(data) == 0:
+        raise TaskError(f"--example {example}: {task.name}'s test split has fewer rows.")
+    return data[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -35,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="DIVERSED head (Hub id or path); default: the bundled pretrained head of --task, else a fresh w=0.5 head",
     )
-    parser.add_argument("--task", default="gsm8k", help="task whose first test prompt is used")
+    parser.add_argument("--task", default="gsm8k", help="task whose test prompt is used (gsm8k and mbpp ship with it)")
+    parser.add_argument("--example", type=int, default=0, help="which test row of --task (default: the first)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--num-assistant-tokens", type=int, default=5, help="draft length N")
@@ -56,14 +66,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     from ..modeling.dtypes import cpu_capability, resolve_dtype
 
+    task = get_task(args.task)
+    row = demo_row(task.name, args.example)  # before the models: a wrong task or row fails at once
     start = time.perf_counter()
     dtype = resolve_dtype(args.dtype)
     tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, dtype))
     seed_pretrained_heads()  # bundled heads resolve by Hub id, offline, like downloaded ones
     head_name = args.head or head_for_task(args.task)
     head = load_head(head_name) if head_name else DiversedHead.for_models(target, draft, init_weight=0.5)
-    task = get_task(args.task)
-    row = task.load("test")[0]
     input_ids = tokenizer.apply_chat_template(
         task.build_messages(row), add_generation_prompt=True, return_tensors="pt", return_dict=True
     )["input_ids"]

@@ -201,7 +201,7 @@ def default_cache_dir() -> Path:
 
 def _say(progress: bool, msg: str) -> None:
     if progress:
-        print(f"[hf_diversed.real_models] {msg}", file=sys.stderr, flush=True)
+        print(f"[hf-diversed models] {msg}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------

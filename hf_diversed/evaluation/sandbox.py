@@ -526,7 +526,7 @@ def _candidate_interpreters() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _plan_and_info() -> tuple[_Plan, SandboxInfo]:
     if not sys.platform.startswith("linux"):
-        raise RuntimeError("hf_diversed.sandbox needs Linux (setrlimit, process groups, /proc).")
+        raise RuntimeError("hf_diversed.evaluation.sandbox needs Linux (setrlimit, process groups, /proc).")
     notes: list[str] = []
     version = "{}.{}".format(*sys.version_info[:2])
     is_root = os.geteuid() == 0

@@ -88,7 +88,7 @@ def reward_push(
     bootstrap interval over rollouts, the mean TV, the lambda at which the two balance (``lambda_balance`` =
     reward push / TV), and the net push at each of ``acceptance_coefs``. A reward push whose interval holds 0
     means the rewards carry no usable signal about w on that class at this sample size."""
-    from .diversed_trainer import reinforce_pp_advantages
+    from .objective import reinforce_pp_advantages
 
     sums, counts, tvs = [], [], []  # per rollout, per class (exact, elsewhere)
     for rollouts, rewards in steps:

@@ -11,7 +11,9 @@ from pathlib import Path
 class DraftDistillConfig:
     """Configuration of :func:`distill_draft` (every field is a flag of ``training/train.py --mode distill_draft``)."""
 
-    task: str = field(default="gsm8k", metadata={"help": "Task (hf_diversed.tasks) giving prompts and references."})
+    task: str = field(
+        default="gsm8k", metadata={"help": "Task (hf_diversed.evaluation.tasks): prompts and references."}
+    )
     target: str = field(
         default="qwen2.5-coder-1.5b-instruct", metadata={"help": "Teacher (target) model: built-in name, Hub id, path."}
     )
@@ -23,7 +25,9 @@ class DraftDistillConfig:
         metadata={"help": "dtype of both models: auto (bfloat16 where the CPU has fast bf16, else float32), "
                   "bfloat16, float16 or float32."},
     )  # fmt: skip
-    data_dir: str | None = field(default=None, metadata={"help": "Data folder (default: hf_diversed.tasks lookup)."})
+    data_dir: str | None = field(
+        default=None, metadata={"help": "Data folder (default: as the tasks look, else the Hub)."}
+    )
     train_split: str = field(default="train", metadata={"help": "Split the training examples come from."})
     max_train_examples: int | None = field(default=None, metadata={"help": "Use only the first N rows."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 class DiversedTrainerConfig:
     """Configuration of :class:`DiversedTrainer` (every field is a command-line flag of ``training/train.py``)."""
 
-    task: str = field(default="gsm8k", metadata={"help": "Task (hf_diversed.tasks) giving prompts and the reward."})
+    task: str = field(default="gsm8k", metadata={"help": "Task (hf_diversed.evaluation.tasks): prompts, reward."})
     target: str = field(
         default="qwen2.5-coder-1.5b-instruct", metadata={"help": "Target model: built-in name, Hub id or path."}
     )

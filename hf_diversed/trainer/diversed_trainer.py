@@ -21,69 +21,14 @@ from ..modeling.model_card import render_head_card
 from ..modeling.modeling_diversed_head import DiversedHead, position_weights
 from .curves import CURVES_FILE, plot_learning_curves
 from .diversed_config import DiversedTrainerConfig
+from .objective import diversed_policy_loss, mixture_prob, reinforce_pp_advantages
 from .rollout import Rollout, collect_rollouts, rollout_features
 
-__all__ = ["DiversedTrainer", "DiversedTrainerConfig", "diversed_policy_loss", "reinforce_pp_advantages"]
+__all__ = ["DiversedTrainer", "DiversedTrainerConfig"]
 
 logger = logging.getLogger(__name__)
 
 _STATE_FILE = "trainer_state.pt"
-
-
-def mixture_prob(w: torch.Tensor, p_y: torch.Tensor, q_y: torch.Tensor) -> torch.Tensor:
-    """nu(y) = w p(y) + (1 - w) q(y)."""
-    return w * p_y + (1.0 - w) * q_y
-
-
-def reinforce_pp_advantages(grouped: torch.Tensor, everything: torch.Tensor | None = None) -> torch.Tensor:
-    """REINFORCE++ advantages of this process's rewards ``grouped`` (prompts, generations), flattened.
-
-    A = (r - b) / std(r - b) with b the mean of the prompt's generations (one generation: the mean of the whole
-    step); the std is over ``everything``, the step's rewards on all processes (default: ``grouped``)."""
-    everything = grouped if everything is None else everything
-    if grouped.shape[1] > 1:
-        centered_all = everything - everything.mean(1, keepdim=True)
-        centered = grouped - grouped.mean(1, keepdim=True)
-    else:
-        centered_all = everything - everything.mean()
-        centered = grouped - everything.mean()
-    std = centered_all.std() if centered_all.numel() > 1 else torch.tensor(0.0)
-    return (centered / (std + 1e-8)).view(-1)
-
-
-def diversed_policy_loss(
-    w: torch.Tensor,
-    w_old: torch.Tensor,
-    p_y: torch.Tensor,
-    q_y: torch.Tensor,
-    tv: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    clip_eps: float,
-    acceptance_coef: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate on the per-token ratio nu_theta / nu_theta_old, plus lambda * mean(w * TV).
-
-    All inputs are (T,) over the emitted drafted positions; ``advantages`` is the sequence advantage
-    broadcast to its tokens. Acceptance probability at a drafted position is 1 - w * TV(p, q), so
-    *minimising* ``acceptance_coef * mean(w * TV)`` lowers w where p and q differ, which raises acceptance.
-    """
-    eps = torch.finfo(torch.float32).tiny
-    nu = mixture_prob(w, p_y, q_y).clamp_min(eps)
-    nu_old = mixture_prob(w_old, p_y, q_y).clamp_min(eps)
-    ratio = nu / nu_old
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    n = max(w.numel(), 1)
-    policy_loss = -torch.minimum(unclipped, clipped).sum() / n
-    regularizer = (w * tv).sum() / n
-    loss = policy_loss + acceptance_coef * regularizer
-    clip_frac = ((ratio - 1.0).abs() > clip_eps).float().sum() / n
-    return loss, {
-        "policy_loss": float(policy_loss.detach()),
-        "wtv": float(regularizer.detach()),
-        "clip_frac": float(clip_frac),
-    }
 
 
 @contextlib.contextmanager

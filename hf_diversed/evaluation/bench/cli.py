@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--tasks", default=",".join(DEFAULT_TASKS), help="comma list of tasks (default: %(default)s)")
     add("--split", default="test", help="dataset split (default: %(default)s)")
     add("--data-dir", default=None, help="folder with <task>/<split>.jsonl (default: $HF_DIVERSED_DATA_DIR or "
-                                         "shared/data)")  # fmt: skip
+                                         "../shared/data where present, else the Hugging Face Hub)")  # fmt: skip
+    add("--ids", default=None, metavar="FILE", help="only the rows with these ids, in this order (one id per line, "
+                                                    "e.g. docs/table1/cnndm/ids.txt: Table 1's rows)")  # fmt: skip
     add(
         "--methods",
         default=None,
@@ -90,10 +92,22 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         max_new_tokens=args.max_new_tokens, num_examples=args.num_examples, ar_examples=args.ar_examples,
         timed_examples=min(args.timed_examples, args.num_examples), batch_size=args.batch_size,
         seed=args.seed, dtype=args.dtype, threads=args.threads, output_dir=args.output_dir,
-        data_dir=args.data_dir, summarize_only=args.summarize_only, warmup=not args.no_warmup,
+        data_dir=args.data_dir, ids=read_ids(args.ids) if args.ids else None,
+        summarize_only=args.summarize_only, warmup=not args.no_warmup,
         measure_costs=not args.no_costs,
         remeasure_costs=args.remeasure_costs, progress=not args.quiet, command=command,
     )  # fmt: skip
+
+
+def read_ids(path: str) -> tuple[str, ...]:
+    """Row ids from a text file: one per line; blank lines and ``#`` comments are skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise BenchError(
+            f"cannot read --ids {path!r}: {err.strerror or err}; pass a file with one row id per line."
+        ) from None
+    return tuple(line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         summary = run_bench(config)
     except (BenchError, RealModelError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"hf-diversed bench: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume (finished generations are kept).", file=sys.stderr)

@@ -212,6 +212,7 @@ class BenchConfig:
     threads: int | None = None
     output_dir: str = "bench_out"
     data_dir: str | None = None
+    ids: tuple[str, ...] | None = None
     summarize_only: bool = False
     warmup: bool = True
     measure_costs: bool = True
@@ -323,6 +324,12 @@ class BenchConfig:
             raise BenchError(
                 "--remeasure-costs loads the models to time them, --summarize-only loads none; drop one of them."
             )
+        if self.ids is not None:
+            self.ids = tuple(str(i) for i in self.ids)
+            if len(self.tasks) != 1:
+                raise BenchError("--ids selects rows of one task; pass a single task to --tasks.")
+            if not self.ids:
+                raise BenchError("--ids selects no rows; give a file with one row id per line.")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise BenchError(
                 f"--data-dir {self.data_dir!r} is not a directory; point it at the folder holding "

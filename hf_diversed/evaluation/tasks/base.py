@@ -1,75 +1,25 @@
-"""What every task shares: where the data is, the :class:`Task` record, and the helpers of prompts and rewards."""
+"""What every task shares: the :class:`Task` record and the helpers of prompts and rewards (data: ``sources``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from .sources import HubDataset
 
 if TYPE_CHECKING:
     import datasets
 
-DATA_DIR_ENV = "HF_DIVERSED_DATA_DIR"
 DEFAULT_MAX_ARTICLE_WORDS = 400
 
 Message = dict[str, str]
 
 
-# --------------------------------------------------------------------------------------------------------
-# Data location and loading
-# --------------------------------------------------------------------------------------------------------
-
-
-def default_data_dir() -> Path:
-    """The data folder: ``$HF_DIVERSED_DATA_DIR``, else ``<repo>/../shared/data``, else ``./shared/data``.
-
-    ``<repo>`` is the parent of the ``hf_diversed`` package directory.
-
-    Raises:
-        FileNotFoundError: if the variable points nowhere or no candidate exists.
-    """
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        path = Path(env).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"{DATA_DIR_ENV}={env!r} is not a directory; point it at the data folder")
-        return path
-    repo_root = Path(__file__).resolve().parents[3]
-    candidates = [repo_root.parent / "shared" / "data", Path.cwd() / "shared" / "data"]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"No data directory found (tried {tried}). Set the environment variable {DATA_DIR_ENV} to the folder "
-        "holding gsm8k/, mbpp/, cnndm/ and xsum/ (see shared/data/MANIFEST.md), or pass data_dir=..."
-    )
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
-
-
-def _split_file(task_dir: str, split: str, data_dir: str | os.PathLike[str] | None) -> Path:
-    base = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
-    path = base / task_dir / f"{split}.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} does not exist. Pass data_dir= (or set {DATA_DIR_ENV}) to a folder containing "
-            f"{task_dir}/{split}.jsonl; the expected layout is described in shared/data/MANIFEST.md."
-        )
-    return path
+class TaskError(ValueError):
+    """An unknown task or split; the message lists the valid ones."""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -172,13 +122,15 @@ class Task:
     """One evaluation/training task.
 
     Attributes:
-        name: registry name.
-        splits: available split names.
+        name: registry name (also the local data folder's subfolder).
+        splits: split names.
         metric_name: ``"exact_match"``, ``"pass@1"`` or ``"rouge2"``.
         reward_columns: dataset columns the reward reads.
         reward_fn: module-level TRL reward function (picklable, descriptive ``__name__``).
-        loader: ``(split, data_dir) -> list of row dicts``.
+        loader: ``(split, data_dir) -> datasets.Dataset`` of the whole split, with :attr:`id_column`.
         message_builder: ``(row, max_words) -> chat messages``.
+        hub: the canonical dataset on the Hugging Face Hub (``None``: the data ships in a package).
+        id_column: the column naming each row (``id`` or ``task_id``).
         max_article_words: article truncation used by :meth:`build_messages` (CNN/DM, XSum); change it with
             ``dataclasses.replace(task, max_article_words=...)`` or per call.
         description: one line about the task and its prompt.
@@ -189,26 +141,51 @@ class Task:
     metric_name: str
     reward_columns: tuple[str, ...]
     reward_fn: Callable[..., list[float]]
-    loader: Callable[[str, str | os.PathLike[str] | None], list[dict[str, Any]]]
+    loader: Callable[[str, str | os.PathLike[str] | None], datasets.Dataset]
     message_builder: Callable[[Mapping[str, Any], int | None], list[Message]]
+    hub: HubDataset | None = None
+    id_column: str = "id"
     max_article_words: int = DEFAULT_MAX_ARTICLE_WORDS
     description: str = ""
 
-    def load(self, split: str, data_dir: str | os.PathLike[str] | None = None) -> datasets.Dataset:
-        """Load ``split`` as an in-memory :class:`datasets.Dataset` (offline; no Hub access).
+    def load(
+        self, split: str, data_dir: str | os.PathLike[str] | None = None, ids: Iterable[Any] | None = None
+    ) -> datasets.Dataset:
+        """Load ``split`` as a :class:`datasets.Dataset`: from the local data folder if it has the split, else from
+        the Hub (:mod:`.sources` gives the precedence).
 
         Args:
             split: one of :attr:`splits`, optionally sliced by row like ``datasets`` split strings:
                 ``"test[100:]"``, ``"train[:512]"``, ``"test[50:150]"``. Row ids keep the unsliced index.
-            data_dir: folder holding ``<task>/<split>.jsonl``; defaults to :func:`default_data_dir`.
-        """
-        name, rows = parse_split(split)
-        if name not in self.splits:
-            valid = ", ".join(self.splits)
-            raise ValueError(f"task {self.name!r} has no split {name!r}; valid splits: {valid}")
-        import datasets
+            data_dir: folder holding ``<task>/<split>.jsonl``; default: ``$HF_DIVERSED_DATA_DIR`` or
+                ``../shared/data`` where present, else the Hub.
+            ids: keep only these rows, in this order (values of :attr:`id_column`, compared as strings), before
+                the slice: how a published table's rows are selected from either source.
 
-        return datasets.Dataset.from_list(self.loader(name, data_dir)[rows])
+        Raises:
+            TaskError: an unknown split. DataNotFoundError: the rows are nowhere to be had (the message says how).
+        """
+        name, rows = self._split(split)
+        data = self.loader(name, data_dir)
+        if ids is not None:
+            data = select_ids(data, self.id_column, ids, f"{self.name}/{name}")
+        return data.select(range(len(data))[rows])
+
+    def source(self, split: str, data_dir: str | os.PathLike[str] | None = None) -> str:
+        """Where :meth:`load` reads ``split`` from: a local file's path, ``hub:<repo>``, or the package."""
+        from .sources import source_of
+
+        name, _ = self._split(split)
+        return source_of(self.name, self.hub, name, data_dir) if self.hub is not None else "package"
+
+    def _split(self, split: str) -> tuple[str, slice]:
+        try:
+            name, rows = parse_split(split)
+        except ValueError as err:
+            raise TaskError(str(err)) from None
+        if name not in self.splits:
+            raise TaskError(f"task {self.name!r} has no split {name!r}; valid splits: {', '.join(self.splits)}")
+        return name, rows
 
     def build_messages(self, row: Mapping[str, Any], max_words: int | None = None) -> list[Message]:
         """Chat messages (one user turn) asking an instruct model to solve ``row``.
@@ -234,3 +211,16 @@ class Task:
     def reward(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **columns: Any) -> list[float]:
         """Score ``completions`` with :attr:`reward_fn` (TRL signature); ValueError if columns misalign."""
         return self.reward_fn(prompts, completions, **columns)
+
+
+def select_ids(data: datasets.Dataset, column: str, ids: Iterable[Any], what: str) -> datasets.Dataset:
+    """The rows of ``data`` whose ``column`` is in ``ids``, in the order of ``ids``; every id must be there."""
+    position = {str(value): i for i, value in enumerate(data[column])}
+    wanted = [str(i) for i in ids]
+    missing = [i for i in wanted if i not in position]
+    if missing:
+        raise TaskError(
+            f"{len(missing)} of the {len(wanted)} requested ids are not in {what} (e.g. {', '.join(missing[:3])}); "
+            "check the id list against the split, or load the split from the source the ids came from."
+        )
+    return data.select([position[i] for i in wanted])

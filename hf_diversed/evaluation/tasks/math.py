@@ -6,14 +6,19 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import Message, Task, _aligned_columns, _read_jsonl, _split_file, _user, completion_text
+from .base import Message, Task, _aligned_columns, _user, completion_text
+from .sources import HubDataset, load_split
+
+if TYPE_CHECKING:
+    import datasets
+
+GSM8K_HUB = HubDataset("openai/gsm8k", "main")  # no id column: a row's id is its position, gsm8k/<split>/<i>
 
 
-def _load_gsm8k(split: str, data_dir: str | os.PathLike[str] | None) -> list[dict[str, Any]]:
-    rows = _read_jsonl(_split_file("gsm8k", split, data_dir))
-    return [{"id": f"gsm8k/{split}/{i}", **row} if "id" not in row else row for i, row in enumerate(rows)]
+def _load_gsm8k(split: str, data_dir: str | os.PathLike[str] | None) -> datasets.Dataset:
+    return load_split("gsm8k", GSM8K_HUB, split, data_dir)[0]
 
 
 def _gsm8k_messages(row: Mapping[str, Any], max_words: int | None) -> list[Message]:
@@ -89,5 +94,6 @@ GSM8K = Task(
     reward_fn=gsm8k_exact_match,
     loader=_load_gsm8k,
     message_builder=_gsm8k_messages,
+    hub=GSM8K_HUB,
     description="Grade-school math; exact match of the final number after '####'.",
 )

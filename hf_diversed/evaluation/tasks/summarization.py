@@ -5,24 +5,25 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import Message, Task, _aligned_columns, _read_jsonl, _split_file, _user, completion_text, truncate_words
+from .base import Message, Task, _aligned_columns, _user, completion_text, truncate_words
+from .sources import HubDataset, load_split
+
+if TYPE_CHECKING:
+    import datasets
 
 XSUM_MAX_SUMMARY_WORDS = 32
+CNNDM_HUB = HubDataset("abisee/cnn_dailymail", "3.0.0", id_column="id")  # id: sha1 of the story's URL
+XSUM_HUB = HubDataset("EdinburghNLP/xsum", id_column="id")  # id: the BBC article id
 
 
-def _load_with_id(task_dir: str, split: str, data_dir: str | os.PathLike[str] | None) -> list[dict[str, Any]]:
-    rows = _read_jsonl(_split_file(task_dir, split, data_dir))
-    return [row if "id" in row else {"id": f"{task_dir}/{split}/{i}", **row} for i, row in enumerate(rows)]
+def _load_cnndm(split: str, data_dir: str | os.PathLike[str] | None) -> datasets.Dataset:
+    return load_split("cnndm", CNNDM_HUB, split, data_dir)[0]
 
 
-def _load_cnndm(split: str, data_dir: str | os.PathLike[str] | None) -> list[dict[str, Any]]:
-    return _load_with_id("cnndm", split, data_dir)
-
-
-def _load_xsum(split: str, data_dir: str | os.PathLike[str] | None) -> list[dict[str, Any]]:
-    return _load_with_id("xsum", split, data_dir)
+def _load_xsum(split: str, data_dir: str | os.PathLike[str] | None) -> datasets.Dataset:
+    return load_split("xsum", XSUM_HUB, split, data_dir)[0]
 
 
 def _cnndm_messages(row: Mapping[str, Any], max_words: int | None) -> list[Message]:
@@ -76,23 +77,25 @@ def xsum_rouge2(
 
 CNNDM = Task(
     name="cnndm",
-    splits=("test",),
+    splits=("train", "validation", "test"),
     metric_name="rouge2",
     reward_columns=("highlights",),
     reward_fn=cnndm_rouge2,
     loader=_load_cnndm,
     message_builder=_cnndm_messages,
+    hub=CNNDM_HUB,
     description="CNN/DailyMail news summarization in 3-4 sentences; ROUGE-2 F1 against the highlights.",
 )
 
 
 XSUM = Task(
     name="xsum",
-    splits=("test",),
+    splits=("train", "validation", "test"),
     metric_name="rouge2",
     reward_columns=("summary",),
     reward_fn=xsum_rouge2,
     loader=_load_xsum,
     message_builder=_xsum_messages,
+    hub=XSUM_HUB,
     description="BBC one-sentence summarization; ROUGE-2 F1 of the first 32 words against the summary.",
 )
