@@ -423,7 +423,7 @@ def test_table1_records_match_their_prompts(data, task):
     spec = get_task(task)
     rows = spec.load("test", ids=read_ids(str(REPO / "docs" / "table1" / task / "ids.txt")))
     lengths = [
-        len(tokenizer.apply_chat_template(spec.build_messages(row), add_generation_prompt=True, tokenize=True))
+        len(tokenizer.apply_chat_template(spec.build_messages(row), add_generation_prompt=True)["input_ids"])
         for row in rows
     ]
     for record in load_records(REPO / "docs" / "table1" / task / "results.jsonl"):
