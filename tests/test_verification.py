@@ -71,6 +71,22 @@ def test_acceptance_is_one_minus_w_tv(rule, seed):
     assert math.isclose(float(accept), float(1 - w * total_variation(p, q)), abs_tol=1e-6)
 
 
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.spec())
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exact_verification_against_the_exact_target_is_the_rule(rule, seed):
+    """Exact SD handed t = rule.exact_target(p, q, w) (what an engine that verifies exactly, vLLM, is given)
+    accepts with the rule's ratio and resamples from the rule's residual, so it has the rule's law."""
+    zp, zq = _dists(seed)
+    p, q = zp.softmax(-1).view(1, 1, V), zq.softmax(-1).view(1, 1, V)
+    w = _weight(rule, p.view(V), q.view(V)).view(1, 1)
+    t = rule.exact_target(p, q, w)
+    exact_ratio = (t / q).clamp(max=1.0)
+    torch.testing.assert_close(exact_ratio, rule.acceptance_ratio(p, q, w.unsqueeze(-1)).clamp(max=1.0))
+    if float(rule.acceptance_probability(p, q, w)) < 1.0 - 1e-6:  # else nothing is ever resampled (e.g. w = 0)
+        exact_residual, residual = (t - q).clamp_min(0), rule.residual(p, q, w)
+        torch.testing.assert_close(exact_residual / exact_residual.sum(), residual / residual.sum())
+
+
 def _monte_carlo(rule, seed: int):
     """Run verify on N independent one-token drafts (the batch is the sample)."""
     zp, zq = _dists(seed)

@@ -122,6 +122,16 @@ class VerificationRule:
         """Unnormalised resampling distribution after a rejection (``p``, ``q``: ``(B, gamma, V)``)."""
         return (p - q).clamp_min(0)
 
+    def exact_target(self, p: torch.Tensor, q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The unnormalised t with which *exact* verification runs this rule: accepting x ~ q with min(1, t(x)/q(x))
+        and resampling from norm(max(0, t - q)) are this rule's acceptance and residual (``(..., V)`` in and out).
+
+        For the mixture rules t = nu = w p + (1 - w) q: min(1, nu/q) = min(1, 1 - w + w p/q) and
+        max(0, nu - q) = w max(0, p - q). An engine that verifies exactly (vLLM) runs any rule when handed t.
+        """
+        w = w.unsqueeze(-1)
+        return w * p + (1.0 - w) * q
+
     def acceptance_probability(self, p: torch.Tensor, q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """Closed form E_{x~q}[min(1, ratio(x))] per position, ``(B, gamma)``."""
         return self._accepted_mass(p, q, w).sum(-1)
@@ -391,6 +401,10 @@ class LossySD(VerificationRule):
 
     def residual(self, p, q, w):
         return (p - self.lenience * q).clamp_min(0)
+
+    def exact_target(self, p, q, w):
+        """t = p / l: min(1, t/q) = min(1, p / (l q)) and max(0, t - q) = max(0, p - l q) / l."""
+        return p / self.lenience
 
     def greedy_accept(self, draft_tokens, p, q, w, target_logits):
         accepted = _gather_token_probs(p, draft_tokens) >= self.lenience * p.amax(-1)

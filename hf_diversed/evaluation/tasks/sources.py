@@ -94,7 +94,7 @@ def local_split_file(task: str, split: str, data_dir: str | os.PathLike[str] | N
         path = Path(data_dir).expanduser() / task / f"{split}.jsonl"
         if not path.is_file():
             raise DataNotFoundError(
-                f"{path} does not exist: pass a data folder holding {task}/{split}.jsonl "
+                f"{path} does not exist: pass a data folder (--data-dir, data_dir=) holding {task}/{split}.jsonl "
                 "(layout: shared/data/MANIFEST.md), or none to load it from the Hugging Face Hub."
             )
         return path
