@@ -52,7 +52,6 @@ __all__ = [
     "trim_draft_vocabulary",
 ]
 
-_compat.check_transformers_version()
 AutoConfig.register(DiversedHeadConfig.model_type, DiversedHeadConfig, exist_ok=True)
 AutoModel.register(DiversedHeadConfig, DiversedHead, exist_ok=True)
 _compat.install(diversed_generate, decoding_loop)

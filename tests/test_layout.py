@@ -4,6 +4,7 @@
     generation/  the generate hook and the batched sampler     imports generation, modeling
     evaluation/  tasks, sandbox, real models, bench            imports evaluation, generation, modeling
     trainer/     the head's RL trainer, the draft distillation imports trainer, evaluation, generation, modeling
+    integrations/ other engines' plugins (vLLM)                  imports integrations, generation, modeling
     cli/         ``hf-diversed``                               imports anything
 
 At the top of the package there is only ``__init__.py`` (the public API): no alias modules of moved ones.
@@ -19,12 +20,13 @@ import pytest
 import hf_diversed
 
 PACKAGE = pathlib.Path(hf_diversed.__file__).parent
-FOLDERS = ("modeling", "generation", "evaluation", "trainer", "cli")
+FOLDERS = ("modeling", "generation", "evaluation", "trainer", "integrations", "cli")
 ALLOWED = {
     "modeling": {"modeling"},
     "generation": {"generation", "modeling"},
     "evaluation": {"evaluation", "generation", "modeling"},
     "trainer": {"trainer", "evaluation", "generation", "modeling"},
+    "integrations": {"integrations", "generation", "modeling"},
 }
 # removed alias modules: nothing may import them
 OLD_PATHS = {"batched", "bench", "hub", "pretrained", "real_models", "sandbox", "tasks", "verification"}
@@ -95,3 +97,15 @@ def test_public_paths_of_the_readme():
     assert get_task("gsm8k").name == "gsm8k"
     assert DiversedTrainer.__module__ == "hf_diversed.trainer.diversed_trainer"
     assert DiversedTrainerConfig.__module__ == "hf_diversed.trainer.diversed_config"
+
+
+def test_only_the_vllm_compat_module_imports_vllm():
+    """Every touch of vLLM's internals sits in ``integrations/vllm/_compat.py`` (pinned to a tested range)."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "integrations" / "vllm" / "_compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            assert not any(n == "vllm" or n.startswith("vllm.") for n in names), path

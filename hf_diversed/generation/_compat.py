@@ -95,7 +95,11 @@ _SDPA_HAS_GQA = Version(torch.__version__).release >= (2, 5)
 
 
 def check_transformers_version() -> None:
-    """Raise if the installed transformers is outside the range this module was tested with."""
+    """Raise if the installed transformers is outside the range this module was tested with.
+
+    Called where hf_diversed touches transformers' private internals (a DIVERSED ``generate``, the batched sampler),
+    not on import: the rules, the head and the vLLM integration also run beside another transformers (vLLM's pin).
+    """
     version = Version(transformers.__version__)
     low, high = TESTED_TRANSFORMERS
     if not (low <= version < high):
@@ -212,7 +216,10 @@ def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]
 
     @functools.wraps(original_generate)
     def generate(self, *args, **kwargs):
-        if "diversed_head" in kwargs or "diversed_verifier" in kwargs or kwargs.get("assistant_model") is not None:
+        if "diversed_head" in kwargs or "diversed_verifier" in kwargs:
+            check_transformers_version()  # the loop hooks into this transformers' private generation internals
+            return generate_hook(self, original_generate, *args, **kwargs)
+        if kwargs.get("assistant_model") is not None:
             return generate_hook(self, original_generate, *args, **kwargs)
         return original_generate(self, *args, **kwargs)
 

@@ -660,6 +660,7 @@ def sample_batched(
     Yields :class:`SampleResult` as sequences finish (not in request order; ``result.index`` is the request's
     position). ``return_trace`` adds the per-position features the head trainer uses.
     """
+    _compat.check_transformers_version()  # the sampler edits transformers' caches and builds its processors
     config = config or SamplerConfig()
     requests = list(requests)
     sampler = _Sampler(target, draft, config, batch_size, return_trace)
