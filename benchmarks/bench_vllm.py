@@ -1,0 +1,240 @@
+"""The real pair served by vLLM's OpenAI server with hf-diversed's rules: tokens/s, acceptance and task quality.
+
+The client (this script, in the main environment: the tasks, their prompts and rewards) talks over HTTP to vLLM's
+OpenAI server started in vLLM's environment (``--vllm-python``, e.g. ``.venv-vllm/bin/python``; docs/vllm.md). Two
+servers are started in turn, the target alone and the target with the draft (``draft_model``, N probabilistic
+drafts); each (task, method, concurrency) is one phase: the task's first ``--num-prompts`` test prompts (the chat
+prompts of Table 1, sent as token ids), at most ``c`` requests in flight at once, T = 1. A phase's tokens/s is its
+completion tokens over its wall-clock time; its acceptance is the growth of the server's spec-decode counters over
+the phase. Every request is a JSON line in ``<output-dir>/records.jsonl`` and each phase a line in ``phases.jsonl``,
+written as they finish; a rerun skips the phases already there. The report (``results.md``) pairs each method
+with the target alone at the same concurrency.
+
+    python benchmarks/bench_vllm.py --vllm-python .venv-vllm/bin/python --tasks gsm8k,mbpp --num-prompts 32 \\
+        --max-new-tokens 512 --concurrency 1,8,32 --output-dir docs/vllm/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
+DEFAULT_METHODS = "ar,exact,static:0.5,cascade-opt:0.1,token-class:digits:0.3"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """vLLM's OpenAI server (the module behind ``vllm serve``) in vLLM's environment, on 127.0.0.1."""
+
+    def __init__(self, args, target: Path, draft: Path | None, dtype: str, log: Path):
+        self.port = _free_port()
+        command = [
+            args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--host",
+            "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--max-model-len", str(args.max_model_len),
+            "--served-model-name", "target", "--seed", "0", "--max-num-seqs", str(max(args.concurrency)),
+        ]  # fmt: skip
+        if not args.compile:
+            command.append("--enforce-eager")
+        if draft is not None:
+            spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.num_draft,
+                    "draft_sample_method": "probabilistic"}  # fmt: skip
+            command += ["--speculative-config", json.dumps(spec)]
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "0"}
+        self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 1800
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.base}/health", timeout=5)
+                return
+            except OSError:
+                if self.process.poll() is not None or time.time() > deadline:
+                    self.stop()
+                    raise SystemExit(f"the vLLM server did not start; see {log}") from None
+                time.sleep(3)
+
+    def counters(self) -> dict[str, float]:
+        text = urllib.request.urlopen(f"{self.base}/metrics", timeout=30).read().decode()
+        out = dict.fromkeys(SPEC_COUNTERS, 0.0)
+        for line in text.splitlines():
+            for name in SPEC_COUNTERS:
+                if line.startswith(name):
+                    out[name] += float(line.rsplit(" ", 1)[1])
+        return out
+
+    def complete(self, prompt_ids: list[int], rule: str | None, seed: int, max_tokens: int) -> dict:
+        body = {"model": "target", "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed}
+        if rule is not None:
+            body["vllm_xargs"] = {"diversed_verifier": rule}
+        request = urllib.request.Request(
+            f"{self.base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=3600) as response:
+            return json.loads(response.read())
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def run_phase(server: Server, task, rows, prompts, method: str, concurrency: int, args, out: Path, machine: dict):
+    rule = None if method == "ar" else method
+    before = server.counters()
+    start = time.perf_counter()
+
+    def one(i: int) -> dict:
+        t0 = time.perf_counter()
+        response = server.complete(prompts[i], rule, seed=args.seed + i, max_tokens=args.max_new_tokens)
+        choice = response["choices"][0]
+        reward = task.reward_fn(None, [choice["text"]], **{c: [rows[i][c]] for c in task.reward_columns})[0]
+        return {
+            "task": task.name, "method": method, "concurrency": concurrency, "example_index": i,
+            "example_id": str(rows[i][task.id_column]), "completion": choice["text"],
+            "completion_tokens": response["usage"]["completion_tokens"], "finish_reason": choice["finish_reason"],
+            "quality": reward, "seconds": time.perf_counter() - t0,
+        }  # fmt: skip
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        records = list(pool.map(one, range(len(prompts))))
+    seconds = time.perf_counter() - start
+    after = server.counters()
+    drafted, accepted = (after[name] - before[name] for name in SPEC_COUNTERS)
+    for record in records:
+        _append(out / "records.jsonl", record)
+    tokens = sum(r["completion_tokens"] for r in records)
+    phase = {
+        "task": task.name, "method": method, "concurrency": concurrency, "n": len(records), "tokens": tokens,
+        "seconds": seconds, "tokens_per_s": tokens / seconds, "drafted": drafted, "accepted": accepted,
+        "acceptance": accepted / drafted if drafted else None, "num_draft": args.num_draft,
+        "max_new_tokens": args.max_new_tokens, **machine,
+    }  # fmt: skip
+    _append(out / "phases.jsonl", phase)
+    print(f"[bench_vllm] {task.name} {method} c={concurrency}: {phase['tokens_per_s']:.2f} tok/s, acceptance "
+          f"{phase['acceptance']}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def report(out: Path) -> str:
+    from hf_diversed.evaluation.bench import bootstrap_interval, wilson_interval
+
+    phases, records = _load(out / "phases.jsonl"), _load(out / "records.jsonl")
+    lines = ["| task | method | c | n | tok/s | × target alone | acceptance | quality ×100 [95% CI] | cut at max |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    base = {(p["task"], p["concurrency"]): p["tokens_per_s"] for p in phases if p["method"] == "ar"}
+    for p in sorted(phases, key=lambda p: (p["task"], p["concurrency"], p["method"] != "ar", p["method"])):
+        mine = [r for r in records if (r["task"], r["method"], r["concurrency"]) == (p["task"], p["method"],
+                                                                                      p["concurrency"])]  # fmt: skip
+        values = [r["quality"] for r in mine]
+        binary = all(v in (0.0, 1.0) for v in values)
+        interval = wilson_interval(sum(values), len(values)) if binary else bootstrap_interval(values)
+        ci = f" [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" if interval and binary else (
+            f" [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")  # fmt: skip
+        mean = statistics.fmean(values) if values else float("nan")
+        quality = f"{100 * mean:.1f}{ci}" if binary else f"{mean:.1f}{ci}"
+        key = (p["task"], p["concurrency"])
+        ratio = f"{p['tokens_per_s'] / base[key]:.2f}×" if key in base else "-"
+        acceptance = "-" if p["acceptance"] is None else f"{100 * p['acceptance']:.1f}%"
+        cut = sum(r["finish_reason"] == "length" for r in mine) / max(len(mine), 1)
+        lines.append(
+            f"| {p['task']} | {p['method']} | {p['concurrency']} | {p['n']} | {p['tokens_per_s']:.2f} | {ratio} | "
+            f"{acceptance} | {quality} | {100 * cut:.0f}% |"
+        )
+    machines = sorted({(p.get("cpu_capability"), p.get("dtype"), p.get("threads")) for p in phases})
+    lines.append("")
+    lines.append(f"Machines (CPU capability, dtype, threads): {machines}.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="python of vLLM's environment")
+    parser.add_argument("--tasks", default="gsm8k,mbpp")
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help="ar (the target alone) and rules")
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--concurrency", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--num-draft", type=int, default=5)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-cache-gib", type=int, default=4)
+    parser.add_argument("--compile", action="store_true", help="let vLLM compile the models (default: eager)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-dir", default="docs/vllm/bench")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        import torch
+        from transformers import AutoTokenizer
+
+        from hf_diversed.evaluation.real_models import ensure_pair
+        from hf_diversed.evaluation.tasks import get_task
+        from hf_diversed.modeling.dtypes import cpu_capability, resolve_dtype
+
+        dtype = resolve_dtype(args.dtype)
+        machine = {"cpu_capability": cpu_capability(), "dtype": dtype, "threads": os.cpu_count(),
+                   "torch": torch.__version__, "compiled": args.compile}  # fmt: skip
+        target, draft = ensure_pair()
+        tokenizer = AutoTokenizer.from_pretrained(target)
+        data = {}
+        for name in args.tasks.split(","):
+            task = get_task(name)
+            rows = list(task.load(f"test[:{args.num_prompts}]"))
+            prompts = [
+                tokenizer.apply_chat_template(task.build_messages(r), add_generation_prompt=True)["input_ids"]
+                for r in rows
+            ]
+            data[name] = (task, rows, prompts)
+        done = {(p["task"], p["method"], p["concurrency"]) for p in _load(out / "phases.jsonl")}
+        methods = args.methods.split(",")
+        for kind in ("ar", "spec"):
+            todo = [(t, m, c) for t in data for m in methods for c in args.concurrency
+                    if (m == "ar") == (kind == "ar") and (t, m, c) not in done]  # fmt: skip
+            if not todo:
+                continue
+            server = Server(args, target, None if kind == "ar" else draft, dtype, out / f"server-{kind}.log")
+            try:
+                for name, method, concurrency in todo:
+                    task, rows, prompts = data[name]
+                    run_phase(server, task, rows, prompts, method, concurrency, args, out, machine)
+            finally:
+                server.stop()
+    text = report(out)
+    (out / "results.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
