@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import require_data_dir
 from safetensors.torch import load_file
 
 from hf_diversed import DiversedHead, DiversedHeadConfig
@@ -183,9 +184,9 @@ def _card_row(task: str) -> dict:
 
 
 def test_the_card_examples_are_real_rows():
-    from hf_diversed.evaluation.tasks import default_data_dir, get_task
+    from hf_diversed.evaluation.tasks import get_task
 
-    if not (Path(default_data_dir()) / "gsm8k" / "train.jsonl").is_file():
+    if not (Path(require_data_dir()) / "gsm8k" / "train.jsonl").is_file():
         pytest.skip("needs the task data folder")
     gsm8k, mbpp = get_task("gsm8k").load("train"), get_task("mbpp").load("train")
     assert gsm8k[0]["question"] == _card_row("gsm8k")["question"]
