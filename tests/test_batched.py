@@ -357,6 +357,7 @@ def test_real_pair_greedy_equals_generate():
     pytest.importorskip("gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hf_diversed.evaluation.demo import demo_row
     from hf_diversed.evaluation.real_models import ensure_pair
     from hf_diversed.evaluation.tasks import get_task
     from hf_diversed.modeling.hub import load_head
@@ -369,7 +370,7 @@ def test_real_pair_greedy_equals_generate():
     draft.generation_config.assistant_confidence_threshold = 0.0
     head = load_head(HEADS_DIR / head_for_task("gsm8k").split("/", 1)[1])  # the bundled head, from disk
     task = get_task("gsm8k")
-    messages = task.build_messages(task.load("test[:1]")[0])
+    messages = task.build_messages(demo_row("gsm8k", 0))  # GSM8K test row 0, shipped with the package
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     ids = ids["input_ids"]
     config = SamplerConfig(max_new_tokens=24, do_sample=False, num_assistant_tokens=5)

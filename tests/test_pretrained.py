@@ -204,6 +204,7 @@ def test_bundled_gsm8k_head_on_the_real_pair_hf_diversed_equals_custom_generate(
     pytest.importorskip("gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hf_diversed.evaluation.demo import demo_row
     from hf_diversed.evaluation.real_models import ensure_pair
     from hf_diversed.evaluation.tasks import get_task
     from hf_diversed.modeling.pretrained import seed_pretrained_heads
@@ -218,7 +219,7 @@ def test_bundled_gsm8k_head_on_the_real_pair_hf_diversed_equals_custom_generate(
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.bfloat16).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.bfloat16).eval()
     task = get_task("gsm8k")
-    messages = task.build_messages(task.load("test[:1]")[0])
+    messages = task.build_messages(demo_row("gsm8k", 0))  # GSM8K test row 0, shipped with the package
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     ids = ids["input_ids"]
     repo_id = head_for_task("gsm8k")
