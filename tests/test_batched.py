@@ -24,7 +24,11 @@ from collections import Counter
 import pytest
 import torch
 from conftest import build_pair, prompts
-from transformers import LlamaConfig, LlamaForCausalLM
+from laws import LAW_CONFIG, PROMPT
+from laws import chi2_pvalue as _chi2_pvalue
+from laws import outcomes as _outcomes
+from laws import random_head as _random_head
+from laws import tiny_law_model as _tiny
 
 from hf_diversed import DiversedHead, TokenClassEnsemble
 from hf_diversed.generation.batched import SamplerConfig, SampleRequest, _Sampler, sample_batched
@@ -35,15 +39,6 @@ RULES = [
     "exact", "static:0.5", "lossy:0.7", "cascade-opt:0.1", "cascade-chow:0.3", "cascade-diff:0.1", "diversed",
     TokenClassEnsemble(frozenset(range(3, 40)), 0.2),
 ]  # fmt: skip
-
-
-def _random_head(target, draft, scale: float = 0.5, seed: int = 0) -> DiversedHead:
-    """A head whose w varies per position (a fresh head outputs init_weight everywhere)."""
-    head = DiversedHead.for_models(target, draft, init_weight=0.5)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        head.out.weight.normal_(0.0, scale)
-    return head
 
 
 def _featured_head(target, draft, scale: float = 0.5, seed: int = 0) -> DiversedHead:
@@ -196,63 +191,13 @@ def test_greedy_equals_real_loop_at_batch_size_one_with_eos(pair):
 # ------------------------------------------------------------------------------------------------ laws
 
 
-def _tiny(seed: int, vocab: int = 6) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-        initializer_range=0.5,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
-    model.generation_config.assistant_confidence_threshold = 0.0
-    return model
-
-
 @pytest.fixture(scope="module")
 def tiny_pair():
     target, draft = _tiny(0), _tiny(1)  # unrelated weights: TV(p, q) is large, mistakes show
     return target, draft, _random_head(target, draft, scale=1.0, seed=1)
 
 
-PROMPT = torch.tensor([[3, 5, 2]])
-LAW_CONFIG = SamplerConfig(max_new_tokens=5, do_sample=True, num_assistant_tokens=2)
 N_REAL, N_SAMPLER = 1500, 12000
-
-
-def _outcomes(tokens: list[int], accepted_per_round: list[int]) -> dict[str, tuple]:
-    """What is compared: the first three tokens (EOS-ended sequences padded with -1), the accepted counts per
-    round, and the positions of bonus tokens (from the counts: a round with all N_r drafts accepted ends on one)."""
-    first = tuple(tokens[:3]) + (-1,) * (3 - min(3, len(tokens)))
-    bonus, position, generated = [], 0, 0
-    for accepted in accepted_per_round:
-        n_round = min(LAW_CONFIG.num_assistant_tokens, LAW_CONFIG.max_new_tokens - generated - 1)
-        position += accepted
-        if accepted == n_round:
-            bonus.append(position)
-        position += 1
-        generated = position
-    return {"tokens": first, "accepted": tuple(accepted_per_round), "bonus": tuple(bonus)}
-
-
-def _chi2_pvalue(a: Counter, b: Counter) -> float:
-    """Two-sample chi-square homogeneity test; cells with < 25 observations in total are pooled."""
-    na, nb = sum(a.values()), sum(b.values())
-    cells, pooled = [], [0, 0]
-    for key in set(a) | set(b):
-        if a[key] + b[key] >= 25:
-            cells.append((a[key], b[key]))
-        else:
-            pooled[0] += a[key]
-            pooled[1] += b[key]
-    if sum(pooled) > 0:
-        cells.append(tuple(pooled))
-    stat = 0.0
-    for ca, cb in cells:
-        total = ca + cb
-        ea, eb = na * total / (na + nb), nb * total / (na + nb)
-        stat += (ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb
-    dof = max(len(cells) - 1, 1)
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
 
 
 def _rule_and_head(tiny_pair, rule: str):

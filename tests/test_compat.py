@@ -251,3 +251,22 @@ def test_diversed_generate_verifies_without_copying_key_value_heads(llama_pair, 
     copied = run()
     assert copies  # transformers' own path copies the heads in these forwards
     assert torch.equal(grouped, copied)
+
+
+def test_static_cache_rewinds_by_position():
+    """The static loop's rollback: a StaticCache set back to L positions continues as if only those were written
+    (transformers' StaticLayer writes at its own counter, and the causal mask hides what lies beyond it)."""
+    model = build_tiny("llama", hidden=64, layers=2, seed=0)
+    ids, rejected, accepted = prompts(1, length=9, seed=4)[0], prompts(1, length=4, seed=5)[0], prompts(1, length=3)[0]
+    with torch.no_grad():
+        reference = model(torch.cat([ids, accepted], 1)).logits[:, -3:]
+        cache = _compat.static_cache(model, 64)
+        model(ids, past_key_values=cache, use_cache=True)
+        model(rejected, past_key_values=cache, use_cache=True)  # a rejected draft block, then set back
+        _compat.rewind_static_cache(cache, ids.shape[1])
+        assert int(cache.get_seq_length()) == ids.shape[1]
+        logits = model(accepted, past_key_values=cache, use_cache=True).logits
+        torch.testing.assert_close(logits, reference, atol=1e-4, rtol=0)
+        assert _compat.static_cache(model, 32) is cache  # reused (same buffers) by a call that fits, at position 0
+        assert int(cache.get_seq_length()) == 0
+    delattr(model, "_hf_diversed_static_cache")

@@ -14,8 +14,11 @@ What is patched, and when:
   (``grouped_attention_on_cpu``). Both are restored when the last such call returns, so code that never passes
   the DIVERSED arguments runs, traces and compiles exactly as without hf_diversed.
 
-Not a patch: ``apply_draft_warpers_once`` edits one ``AssistedCandidateGenerator``'s private generation
-config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once.
+Not patches: ``apply_draft_warpers_once`` edits one ``AssistedCandidateGenerator``'s private generation
+config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once; the static-cache
+loop sets ``StaticLayer.cumulative_length`` (the cache's write position) back to roll a rejected draft back
+(``rewind_static_cache``); the benchmarks set ``CompileConfig._compile_all_devices`` so that transformers' own
+static-cache ``generate`` compiles on a CPU too (``compile_on_every_device``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ import torch
 import transformers
 from packaging.version import Version
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
-from transformers.generation import AssistedCandidateGenerator, CandidateGenerator, GenerateDecoderOnlyOutput
+from transformers.generation import (
+    AssistedCandidateGenerator,
+    CandidateGenerator,
+    CompileConfig,
+    GenerateDecoderOnlyOutput,
+)
 from transformers.generation.candidate_generator import (
     _prepare_attention_mask,
     _prepare_position_ids,
@@ -60,6 +68,7 @@ __all__ = [
     "cache_write_rows",
     "check_batchable_cache",
     "check_transformers_version",
+    "compile_on_every_device",
     "diversed_call",
     "generation_logits_processors",
     "grouped_attention_on_cpu",
@@ -70,6 +79,8 @@ __all__ = [
     "prepare_attention_mask",
     "prepare_position_ids",
     "prepare_token_type_ids",
+    "rewind_static_cache",
+    "static_cache",
     "slot_cache",
     "split_model_outputs",
     "supports_logits_to_keep",
@@ -426,6 +437,53 @@ def cache_drop_leading(cache, n: int) -> None:
     if n > 0:
         for layer in cache.layers:
             layer.drop_leading(n)
+
+
+# ------------------------------------------------------------------ static-cache loop: caches and compilation
+# transformers' StaticLayer writes each update at its own device counter ``cumulative_length`` (not at a
+# ``cache_position`` argument), and models derive positions and the causal mask from it. Setting that counter
+# back is a rollback: later writes overwrite the rejected entries, and the mask hides them until then.
+
+_STATIC_CACHE_ATTR = "_hf_diversed_static_cache"
+
+
+def static_cache(model, max_cache_len: int) -> StaticCache:
+    """A full-attention ``StaticCache`` of at least ``max_cache_len`` positions for ``model``, rewound to 0.
+
+    Kept on the model and reused by later calls that fit in it (as ``generate`` keeps its own static cache): the
+    buffers keep their addresses, so compiled steps and CUDA graphs recorded on them stay valid.
+    """
+    cache = getattr(model, _STATIC_CACHE_ATTR, None)
+    if cache is None or cache.layers[0].max_cache_len < max_cache_len:
+        cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        sliding = [type(layer).__name__ for layer in cache.layers if getattr(layer, "is_sliding", False)]
+        if sliding:
+            raise ValueError(
+                f"cache_implementation='static' with speculative decoding supports full-attention models; "
+                f"{type(model).__name__} has {len(sliding)} sliding-window layers, which a rejected draft cannot be "
+                "rolled back in. Omit cache_implementation to use the dynamic-cache loop."
+            )
+        setattr(model, _STATIC_CACHE_ATTR, cache)
+    rewind_static_cache(cache, 0)
+    return cache
+
+
+def rewind_static_cache(cache: StaticCache, length: int) -> None:
+    """Make ``cache`` hold its first ``length`` positions (in place, on the device: no copy, no host sync)."""
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(length)  # a tensor from construction on (moved to the device on first use)
+
+
+def compile_on_every_device(config: CompileConfig | None = None) -> CompileConfig:
+    """A copy of ``config`` with which ``generate`` compiles the forward on any device, the CPU included.
+
+    transformers compiles a static-cache ``generate`` automatically only on accelerators; its flag for other
+    devices is private (``CompileConfig._compile_all_devices``). The benchmarks use this for the target-alone
+    baseline at its best on a CPU.
+    """
+    config = copy.deepcopy(config) if config is not None else CompileConfig()
+    config._compile_all_devices = True
+    return config
 
 
 def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:

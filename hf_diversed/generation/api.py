@@ -13,6 +13,7 @@ from ..modeling.hub import load_head
 from ..modeling.modeling_diversed_head import DiversedHead
 from . import _compat
 from .decoding import DecodingSettings, assisted_decoding
+from .static_loop import static_assisted_decoding
 from .stats import DiversedStats
 from .verification import Diversed, VerificationRule, parse_rule
 
@@ -144,7 +145,11 @@ def check_batch_size(input_ids: torch.Tensor) -> None:
 
 
 def decoding_loop(model, settings: DecodingSettings, input_ids, *args, **kwargs):
+    """The dynamic-cache loop, or the static-cache (compiled) one under ``cache_implementation="static"``."""
     check_batch_size(input_ids)
+    config = kwargs.get("generation_config", args[2] if len(args) > 2 else None)
+    if getattr(config, "cache_implementation", None) == "static":
+        return static_assisted_decoding(model, settings, input_ids, *args, **kwargs)
     return assisted_decoding(model, settings, input_ids, *args, **kwargs)
 
 

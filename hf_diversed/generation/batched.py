@@ -46,18 +46,22 @@ from .verification import VerificationRule, parse_rule, total_variation
 __all__ = ["SampleRequest", "SampleResult", "SamplerConfig", "sample_batched"]
 
 _SCHEDULES = ("constant", "heuristic")
-# Processors that act on each row alone and only through the tokens of its context (safe with left padding).
-_ROW_LOCAL_PROCESSORS = {
-    "TemperatureLogitsWarper",
-    "TopKLogitsWarper",
-    "TopPLogitsWarper",
-    "MinPLogitsWarper",
-    "TypicalLogitsWarper",
-    "EpsilonLogitsWarper",
-    "EtaLogitsWarper",
-    "RepetitionPenaltyLogitsProcessor",
-    "LogitNormalization",
-}
+# Processors that act on each row of scores alone and never read the generated tokens (the static loop applies them
+# to a block of rows at once).
+CONTEXT_FREE_PROCESSORS = frozenset(
+    {
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "MinPLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "LogitNormalization",
+    }
+)
+# ... plus those that read only the tokens of the row's own context (safe with left padding).
+_ROW_LOCAL_PROCESSORS = CONTEXT_FREE_PROCESSORS | {"RepetitionPenaltyLogitsProcessor"}
 _CONTEXT_PROCESSORS = {"RepetitionPenaltyLogitsProcessor"}
 
 

@@ -119,7 +119,10 @@ def assisted_decoding(
         generation_config.cache_implementation in ["static", "hybrid", "sliding_window"]
         or type(model_kwargs.get("past_key_values")) is StaticCache
     ):
-        raise ValueError("assisted generate is not supported with Static cache classes`")
+        raise ValueError(
+            f"cache_implementation={generation_config.cache_implementation!r} is not supported with speculative "
+            "decoding: use cache_implementation='static' (full-attention models) or omit it."
+        )
     eos_token_id = getattr(generation_config, "_eos_token_tensor", None)
     cache = model_kwargs.get("past_key_values")
     if cache is None:

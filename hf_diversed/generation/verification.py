@@ -328,9 +328,16 @@ class TokenClassEnsemble(_MixtureRule):
 
     def weights_from_top(self, top_p: torch.Tensor, top_q: torch.Tensor) -> torch.Tensor:
         """w from both models' most likely tokens (ids, any shape): 1 where either is in the class, else w."""
-        ids = torch.tensor(sorted(self.token_ids), device=top_p.device)
+        ids = self._ids_on(top_p.device)
         in_class = torch.isin(top_p, ids) | torch.isin(top_q, ids)
         return torch.where(in_class, 1.0, self.weight).float()
+
+    def _ids_on(self, device: torch.device) -> torch.Tensor:
+        """The class's ids as a tensor on ``device``, built once per device (a copy per call would sync a GPU)."""
+        cache = self.__dict__.setdefault("_ids_by_device", {})
+        if device not in cache:
+            cache[device] = torch.tensor(sorted(self.token_ids), device=device)
+        return cache[device]
 
     def spec(self) -> str:
         return f"token-class:{self.label}:{self.weight:g}"

@@ -55,13 +55,17 @@ def _fastest_time(fn, repeats: int) -> float:
     return min(times)
 
 
-def _seconds_per_token(model, input_ids, short: int, long: int, repeats: int) -> float:
-    """Marginal decode cost of a plain greedy ``generate`` of ``model`` alone (prefill cancels out)."""
+def _seconds_per_token(model, input_ids, short: int, long: int, repeats: int, **generate_kwargs) -> float:
+    """Marginal decode cost of a plain greedy ``generate`` of ``model`` alone (prefill cancels out); extra
+    ``generate_kwargs`` (e.g. a static cache and a compile config) select how it decodes."""
     import torch
 
     def gen(n):
         with torch.no_grad():
-            model.generate(input_ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, top_k=None, top_p=None)
+            model.generate(
+                input_ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, top_k=None, top_p=None,
+                **generate_kwargs,
+            )  # fmt: skip
 
     gen(2)  # warm-up
     t_short, t_long = _fastest_time(lambda: gen(short), repeats), _fastest_time(lambda: gen(long), repeats)
@@ -111,6 +115,66 @@ def measure_costs(target, draft, input_ids, ns: Iterable[int], *, repeats: int =
             f"(fastest of {repeats})"
         ),
     }
+
+
+def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, repeats: int = 5) -> dict:
+    """:func:`measure_costs` for the compiled static-cache path, from the forwards the static loop runs.
+
+    ``target_alone_seconds_per_token``: transformers' static-cache compiled ``generate`` of the target alone (the
+    baseline); ``draft_step_seconds``, ``target_step_seconds``, ``verify_seconds``: one compiled forward of the draft
+    over 1 token and of the target over 1 and N + 1 tokens on a static cache after ``input_ids``; c and v from them.
+    """
+    import torch
+    import torch._dynamo
+    from transformers import StaticCache
+
+    from ...generation._compat import compile_on_every_device, grouped_attention_on_cpu, rewind_static_cache
+    from ...generation.static_loop import RECOMPILE_LIMIT, compiled_forward
+
+    kwargs = {"cache_implementation": "static", "compile_config": compile_on_every_device(compile_config)}
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # transformers' own compiled generate
+        t_alone = _seconds_per_token(target, input_ids, 4, 16, repeats, **kwargs)
+    length = input_ids.shape[1]
+
+    def forward_seconds(model, k: int) -> float:
+        call = compiled_forward(model, compile_config)
+        cache = StaticCache(config=model.config, max_cache_len=length + n + 2)
+        tokens = input_ids[:, -1:].repeat(1, k).to(model.device)
+        with torch.no_grad(), grouped_attention_on_cpu():
+            model(input_ids.to(model.device), past_key_values=cache, use_cache=True)
+
+            def step():
+                call(input_ids=tokens, past_key_values=cache, use_cache=True)
+                rewind_static_cache(cache, length)
+
+            step()  # warm-up (compiles this shape)
+            return _fastest_time(step, repeats)
+
+    t_draft, t_one, t_verify = forward_seconds(draft, 1), forward_seconds(target, 1), forward_seconds(target, n + 1)
+    return {"target_alone_seconds_per_token": t_alone, "draft_step_seconds": t_draft, "target_step_seconds": t_one,
+            "verify_seconds": t_verify, "c": t_draft / t_one, "v": {str(n): t_verify / t_one},
+            "prompt_tokens": int(length)}  # fmt: skip
+
+
+def round_seconds_at_full_acceptance(target, draft, input_ids, n: int, new_tokens: int, *, repeats: int = 3,
+                                     **generate_kwargs) -> float:  # fmt: skip
+    """Seconds per round of hf_diversed's loop when every draft is accepted (``static:0``, greedy): N draft steps,
+    one verification and the loop's own work, nothing else; compare with its bare forwards N·t_draft + t_verify. (No
+    ``min_new_tokens``: the static loop takes no processor that reads the length; an early EOS only means fewer
+    rounds.)"""
+    import torch
+
+    def run():
+        with torch.no_grad():
+            out = target.generate(
+                input_ids, assistant_model=draft, diversed_verifier="static:0", do_sample=False,
+                max_new_tokens=new_tokens, num_assistant_tokens=n,
+                num_assistant_tokens_schedule="constant", return_dict_in_generate=True, **generate_kwargs,
+            )  # fmt: skip
+        return out.diversed_stats.num_rounds
+
+    rounds = run()  # warm-up
+    return _fastest_time(run, repeats) / rounds
 
 
 def costs_key(target: str, draft: str | None, dtype: str) -> str:

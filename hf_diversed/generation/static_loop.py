@@ -1,0 +1,290 @@
+"""The speculative loop on static KV caches, compiled: ``generate(..., cache_implementation="static")``.
+
+Same law as the dynamic-cache loop (``decoding.py``) for every rule, the head included; what changes is how a
+round runs on the device:
+
+- target and draft each write into a ``StaticCache`` sized for the whole generation plus one round; a rejected
+  draft is rolled back by setting the cache's position back (later writes overwrite it, the causal mask hides it
+  until then), never by re-allocating or cropping;
+- fixed shapes: a draft step is one token, a verification N + 1 tokens (positions a short last round does not
+  draft are padding whose outputs are dropped); the prompt's prefill is separate and eager;
+- the verdict (rule, head, residual, bonus) is computed on the device by the same ``VerificationRule.verify``;
+  the host reads one small tensor per round (accepted count, emitted count, statistics);
+- the draft step and the verification are compiled with ``model.get_compiled_call(compile_config)`` (transformers'
+  own compiled forward; ``mode="reduce-overhead"`` records CUDA graphs on a GPU) when a ``compile_config`` is given,
+  or by default on an accelerator, as transformers compiles a static-cache ``generate``; ``disable_compile=True``
+  runs the same loop eagerly. The first round runs eagerly (it also installs transformers' output hooks).
+
+Round r with ``last`` the newest token (in neither cache) and N_r = min(N, max_length - cur - 1) drafts::
+
+    draft:   feed last, x_1, ..., x_{N_r - 1} one token at a time; x_i ~ q_i      (cache: + N_r positions)
+    target:  feed [last, x_1, ..., x_N] once -> p_1 .. p_{N+1}                     (cache: + N + 1 positions)
+    verdict: rule.verify(x_{1..N_r}, q_{1..N_r}, p_{1..N_r+1}) -> k accepted, then y
+    emit x_1..x_k, y (cropped at the first EOS and at max_length); both caches rewound to cur + k
+    (after a fully accepted round the draft feeds x_{N_r} first, next round: its cache lacks it)
+
+What the dynamic loop does and this one does not, refused with the fix named: sliding-window caches, logits
+processors that read the generated text (repetition penalty, n-gram blocking, ...), a draft-length schedule
+other than "constant", per-step outputs (scores, logits, attentions, hidden states), ``synced_gpus``.
+The draft's ``assistant_confidence_threshold`` (which stops the dynamic loop's drafting early) is not applied:
+every round drafts N tokens, and a warning says so when the threshold is set.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch._dynamo
+
+from ..modeling.modeling_diversed_head import distribution_features
+from . import _compat
+from .batched import CONTEXT_FREE_PROCESSORS
+from .decoding import DecodingSettings, DiversedGenerateOutput
+
+logger = logging.getLogger(__name__)
+
+_HANDLED_STOPPING = frozenset({"MaxLengthCriteria", "EosTokenCriteria"})
+_PER_STEP_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+# transformers' models share one decorated forward code object, and Dynamo keeps `recompile_limit` (8) compiled
+# variants per code object: target and draft, with and without hidden states, and transformers' own static-cache
+# generate already take up to six. The loop's compiled calls run with room for more.
+RECOMPILE_LIMIT = 64
+
+
+def compiled_forward(model, compile_config):
+    """``model.get_compiled_call(compile_config)`` (transformers' compiled ``__call__``), called with Dynamo's
+    ``recompile_limit`` raised to at least :data:`RECOMPILE_LIMIT` for the call."""
+    call = model.get_compiled_call(compile_config)
+
+    def forward(**kwargs):
+        with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
+            return call(**kwargs)
+
+    return forward
+
+
+def _refuse(problem: str) -> ValueError:
+    return ValueError(f"cache_implementation='static' with speculative decoding: {problem}")
+
+
+def _check(model, draft, settings: DecodingSettings, generation_config, logits_processor, model_kwargs) -> int:
+    """Validate what the static loop can run; return the draft length N."""
+    if draft is None:
+        raise _refuse("it needs a draft model; pass assistant_model=draft.")
+    if draft is model:
+        raise _refuse("the draft is the target itself (each keeps its own cache). Pass another model as the draft.")
+    schedule = settings.num_assistant_tokens_schedule or draft.generation_config.num_assistant_tokens_schedule
+    if schedule not in (None, "constant"):
+        raise _refuse(
+            f"the draft length must be fixed, got num_assistant_tokens_schedule={schedule!r}. "
+            'Pass num_assistant_tokens_schedule="constant" (and num_assistant_tokens=N).'
+        )
+    n = settings.num_assistant_tokens or draft.generation_config.num_assistant_tokens or 20  # transformers' default
+    blocked = [type(p).__name__ for p in logits_processor if type(p).__name__ not in CONTEXT_FREE_PROCESSORS]
+    if blocked:
+        raise _refuse(
+            f"{', '.join(blocked)} (logits processors) need the generated text, which the compiled round does not "
+            "replay per token. Drop those options (e.g. repetition_penalty), or omit cache_implementation for the "
+            "dynamic-cache loop."
+        )
+    if generation_config.return_dict_in_generate:
+        asked = [name for name in _PER_STEP_OUTPUTS if getattr(generation_config, name, False)]
+        if asked:
+            raise _refuse(
+                f"{', '.join(asked)} are not recorded by the static loop. Drop them, or omit cache_implementation."
+            )
+    if settings.trace is not None:
+        raise _refuse("per-round traces (rollouts) run on the dynamic-cache loop; omit cache_implementation.")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise _refuse("the prompt has padding (an attention_mask with zeros). Pass the prompt without padding.")
+    if getattr(draft.generation_config, "assistant_confidence_threshold", 0):
+        logger.warning(
+            "The static-cache loop drafts %d tokens every round; the draft's assistant_confidence_threshold=%s is not "
+            "applied (set assistant_model.generation_config.assistant_confidence_threshold = 0 to silence this).",
+            n,
+            draft.generation_config.assistant_confidence_threshold,
+        )
+    return n
+
+
+class _Stepper:
+    """One model on its static cache: forwards (eager or compiled) and rollback by position."""
+
+    def __init__(self, model, max_cache_len: int, compile_config, compiled: bool, hidden: bool):
+        self.model = model
+        self.cache = _compat.static_cache(model, max_cache_len)
+        self.compiled = compiled_forward(model, compile_config) if compiled else None
+        self.hidden = hidden
+
+    def prefill(self, input_ids: torch.Tensor) -> None:
+        kwargs = {"logits_to_keep": 1} if _compat.supports_logits_to_keep(self.model) else {}
+        self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
+
+    def __call__(self, input_ids: torch.Tensor, eager: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """float32 logits (1, L, V) and last hidden states (1, L, D) (or None), copied out of the compiled graph's
+        buffers (a CUDA-graph replay overwrites its outputs)."""
+        call = self.model.__call__ if eager or self.compiled is None else self.compiled
+        # one layout for every call: Dynamo guards on strides, and a (1, 1) slice of a longer row has other strides
+        input_ids = input_ids.clone(memory_format=torch.contiguous_format)
+        out = call(input_ids=input_ids, past_key_values=self.cache, use_cache=True, output_hidden_states=self.hidden)
+        logits = out.logits.to(torch.float32, copy=True)
+        return logits, (out.hidden_states[-1].clone() if self.hidden else None)
+
+    def rewind(self, length: int) -> None:
+        _compat.rewind_static_cache(self.cache, length)
+
+
+def _process(logits_processor, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Apply context-free processors to every row of ``scores`` (R, V) at once."""
+    if len(logits_processor) == 0:
+        return scores
+    return logits_processor(input_ids.expand(scores.shape[0], -1), scores)
+
+
+def should_compile(model, generation_config) -> bool:
+    """Compile when asked (``compile_config``) or on an accelerator, unless ``disable_compile``."""
+    if generation_config.disable_compile:
+        return False
+    return generation_config.compile_config is not None or model.device.type in ("cuda", "xpu")
+
+
+@torch.no_grad()
+def static_assisted_decoding(
+    model,
+    settings: DecodingSettings,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    inputs_tensor: torch.Tensor | None = None,
+    assistant_model=None,
+    assistant_tokenizer=None,
+    tokenizer=None,
+    **model_kwargs,
+):
+    """Drop-in for ``GenerationMixin._assisted_decoding`` with ``cache_implementation="static"`` (batch size 1)."""
+    settings.entered = True
+    if synced_gpus:
+        raise _refuse("synced_gpus is not supported. Drop it, or omit cache_implementation.")
+    draft = assistant_model
+    n = _check(model, draft, settings, generation_config, logits_processor, model_kwargs)
+    max_length = generation_config.max_length
+    compiled = should_compile(model, generation_config)
+    hidden = settings.head is not None
+    target = _Stepper(model, max_length + n + 1, generation_config.compile_config, compiled, hidden)
+    drafter = _Stepper(draft, max_length + n + 1, generation_config.compile_config, compiled, hidden)
+    eos = getattr(generation_config, "_eos_token_tensor", None)
+    if eos is not None:
+        eos = eos.to(input_ids.device).view(-1)
+    extra_stopping = [c for c in stopping_criteria if type(c).__name__ not in _HANDLED_STOPPING]
+    rule, head, stats, generator = settings.rule, settings.head, settings.stats, settings.generator
+    do_sample = generation_config.do_sample
+
+    cur = input_ids.shape[1]
+    if cur > 1:
+        target.prefill(input_ids[:, :-1])
+        drafter.prefill(input_ids[:, :-1].to(draft.device))
+    last = input_ids[:, -1:]
+    pending = None  # after a fully accepted round: the newest draft, not yet in the draft's cache
+    padding = input_ids.new_zeros(1, n)
+    positions = torch.arange(n + 1, device=input_ids.device)
+    eager = True
+    while cur < max_length:
+        n_round = min(n, max_length - cur - 1)
+        # 1. Draft N_r tokens, one fixed-shape step each.
+        if pending is not None:
+            drafter(pending.to(draft.device), eager)
+        token, drafts, q_rows, h_draft = last, [], [], []
+        for _ in range(n_round):
+            logits, h = drafter(token.to(draft.device), eager)
+            scores = _process(logits_processor, input_ids, logits[:, -1].to(input_ids.device))
+            if do_sample:
+                token = torch.multinomial(scores.softmax(-1), 1, generator=generator)
+            else:
+                token = scores.argmax(-1, keepdim=True)
+            drafts.append(token)
+            q_rows.append(scores)
+            if h is not None:
+                h_draft.append(h[:, -1])
+        # 2. Verify: one fixed-shape target forward over [last, x_1..x_N].
+        block = torch.cat([last, *drafts, padding[:, : n - n_round]], dim=1)
+        logits, h_target = target(block, eager)
+        p_scores = _process(logits_processor, input_ids, logits[0, : n_round + 1].to(input_ids.device)).unsqueeze(0)
+        draft_tokens = block[:, 1 : n_round + 1]
+        q_scores = torch.stack(q_rows, dim=1) if drafts else p_scores[:, :0]
+        head_weight = None
+        if head is not None:
+            head_weight = p_scores.new_ones(1, 0)
+            if n_round > 0:
+                features = {}
+                if head.config.use_distribution_features:
+                    p_drafted = p_scores[:, :n_round].softmax(-1)
+                    features["distribution_features"] = distribution_features(p_drafted, q_scores.softmax(-1))
+                head_weight = head(
+                    draft_hidden_states=torch.stack(h_draft, dim=1).to(head.device),
+                    target_hidden_states=h_target[:, :n_round].to(head.device),
+                    **{k: v.to(head.device) for k, v in features.items()},
+                ).weight.to(p_scores.device)
+        verdict = rule.verify(
+            draft_tokens, q_scores, p_scores, do_sample=do_sample, head_weight=head_weight, generator=generator
+        )
+        # 3. Everything the host needs, in one read: the dynamic loop's raw counts (its draft stops at an EOS, so
+        #    it drafts g = min(N_r, first drafted EOS + 1)), the emitted count up to the first emitted EOS, w and TV.
+        accepted = verdict.num_accepted[0]
+        tokens = verdict.tokens[0]
+        # torch.full, not torch.tensor: a host-to-device copy would wait for the queued work (a second sync)
+        drafted, emitted = torch.full((), n_round, device=tokens.device), accepted + 1
+        ends = torch.zeros((), dtype=torch.bool, device=tokens.device)
+        if eos is not None:
+            if n_round > 0:
+                is_eos = torch.isin(draft_tokens[0], eos)
+                drafted = torch.where(is_eos.any(), is_eos.int().argmax() + 1, drafted)
+            is_eos = torch.isin(tokens, eos) & (positions[: n_round + 1] <= accepted)
+            ends = is_eos.any()
+            emitted = torch.where(ends, is_eos.int().argmax() + 1, emitted)
+        raw = torch.minimum(accepted, drafted)
+        verified = positions[:n_round] < torch.minimum(raw + 1, drafted)
+        summary = torch.stack(
+            [
+                raw.double(),
+                drafted.double(),
+                emitted.double(),
+                (verdict.weight[0] * verified).sum().double(),
+                (verdict.tv[0] * verified).sum().double(),
+                ends.double(),
+            ]
+        ).tolist()
+        num_raw, num_drafted, num_emitted = int(summary[0]), int(summary[1]), int(summary[2])
+        stats.record_round(num_drafted, num_raw, summary[3], summary[4])
+        num_emitted = min(num_emitted, max_length - cur)
+        new_tokens = verdict.tokens[:, :num_emitted]
+        # 4. Append; roll both caches back to everything but the newest token.
+        input_ids = torch.cat([input_ids, new_tokens], dim=1)
+        if streamer is not None:
+            streamer.put(new_tokens.cpu())
+        cur += num_emitted
+        target.rewind(cur - 1)
+        if num_emitted - 1 == n_round:  # every draft accepted: the draft's cache lacks the last one
+            pending = block[:, n_round : n_round + 1]
+            drafter.rewind(cur - 2)
+        else:
+            pending = None
+            drafter.rewind(cur - 1)
+        last = new_tokens[:, -1:]
+        eager = False
+        if summary[5]:  # an EOS was emitted (the emitted tokens end on it)
+            break
+        if extra_stopping and bool(stopping_criteria(input_ids, None).all()):
+            break
+
+    if streamer is not None:
+        streamer.end()
+    if not generation_config.return_dict_in_generate:
+        return input_ids
+    return DiversedGenerateOutput(sequences=input_ids, diversed_stats=stats)
