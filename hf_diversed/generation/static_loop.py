@@ -37,7 +37,7 @@ import logging
 import torch
 import torch._dynamo
 
-from ..modeling.modeling_diversed_head import distribution_features
+from ..modeling.modeling_diversed_head import distribution_features, position_weights, reads_distribution_features
 from . import _compat
 from .batched import CONTEXT_FREE_PROCESSORS
 from .decoding import DecodingSettings, DiversedGenerateOutput
@@ -222,15 +222,11 @@ def static_assisted_decoding(
         if head is not None:
             head_weight = p_scores.new_ones(1, 0)
             if n_round > 0:
-                features = {}
-                if head.config.use_distribution_features:
-                    p_drafted = p_scores[:, :n_round].softmax(-1)
-                    features["distribution_features"] = distribution_features(p_drafted, q_scores.softmax(-1))
-                head_weight = head(
-                    draft_hidden_states=torch.stack(h_draft, dim=1).to(head.device),
-                    target_hidden_states=h_target[:, :n_round].to(head.device),
-                    **{k: v.to(head.device) for k, v in features.items()},
-                ).weight.to(p_scores.device)
+                features = None
+                if reads_distribution_features(head):
+                    features = distribution_features(p_scores[0, :n_round].softmax(-1), q_scores[0].softmax(-1))
+                w = position_weights(head, torch.stack(h_draft, dim=1)[0], h_target[0, :n_round], features)
+                head_weight = w.to(p_scores.device)[None]
         verdict = rule.verify(
             draft_tokens, q_scores, p_scores, do_sample=do_sample, head_weight=head_weight, generator=generator
         )
