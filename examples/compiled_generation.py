@@ -36,6 +36,7 @@ target, draft = tiny_llama(64, seed=0), tiny_llama(32, seed=1)
 draft.generation_config.assistant_confidence_threshold = 0.0  # the static loop always drafts N tokens
 head = DiversedHead.for_models(target, draft, init_weight=0.5)
 common = dict(assistant_model=draft, diversed_head=head, num_assistant_tokens=4, max_new_tokens=40, do_sample=False)
+common["max_cache_len"] = 64  # caches sized for the longest call: later calls reuse the compiled steps
 # On a GPU use the default CompileConfig() (mode="reduce-overhead": CUDA graphs); on a CPU the inductor's default mode.
 compile_config = CompileConfig(mode="default", fullgraph=True, dynamic=False)
 

@@ -177,8 +177,10 @@ def static_assisted_decoding(
     max_length = generation_config.max_length
     compiled = should_compile(model, generation_config)
     hidden = settings.head is not None
-    target = _Stepper(model, max_length + n + 1, generation_config.compile_config, compiled, hidden)
-    drafter = _Stepper(draft, max_length + n + 1, generation_config.compile_config, compiled, hidden)
+    # transformers' max_cache_len sizes the cache for the longest call to come, so later calls reuse its graphs
+    cache_len = max(max_length, generation_config.max_cache_len or 0) + n + 1
+    target = _Stepper(model, cache_len, generation_config.compile_config, compiled, hidden)
+    drafter = _Stepper(draft, cache_len, generation_config.compile_config, compiled, hidden)
     eos = getattr(generation_config, "_eos_token_tensor", None)
     if eos is not None:
         eos = eos.to(input_ids.device).view(-1)
