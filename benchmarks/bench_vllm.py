@@ -6,9 +6,12 @@ servers are started in turn, the target alone and the target with the draft (``d
 drafts); each (task, method, concurrency) is one phase: the task's first ``--num-prompts`` test prompts (the chat
 prompts of Table 1, sent as token ids), at most ``c`` requests in flight at once, T = 1. A phase's tokens/s is its
 completion tokens over its wall-clock time; its acceptance is the growth of the server's spec-decode counters over
-the phase. Every request is a JSON line in ``<output-dir>/records.jsonl`` and each phase a line in ``phases.jsonl``,
-written as they finish; a rerun skips the phases already there. The report (``results.md``) pairs each method
-with the target alone at the same concurrency.
+the phase. Method ``diversed`` is the task's bundled DIVERSED head (``extra_args["diversed_head"]``, from the Hugging
+Face cache the script seeds); its mean w and per-position acceptance mean(1 - w TV), over every drafted position
+(those after a rejection in the same step too), come from the plugin's weight log (``HF_DIVERSED_VLLM_WEIGHT_LOG``),
+beside vLLM's acceptance (accepted over drafted tokens: a rejection ends a block). Every request is a JSON line in
+``<output-dir>/records.jsonl`` and each phase a line in ``phases.jsonl``, written as they finish; a rerun skips the
+phases already there. The report (``results.md``) pairs each method with the target alone at the same concurrency.
 
     python benchmarks/bench_vllm.py --vllm-python .venv-vllm/bin/python --tasks gsm8k,mbpp --num-prompts 32 \\
         --max-new-tokens 512 --concurrency 1,8,32 --output-dir docs/vllm/bench
@@ -29,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
-DEFAULT_METHODS = "ar,exact,static:0.5,cascade-opt:0.1,token-class:digits:0.3"
+DEFAULT_METHODS = "ar,exact,static:0.5,cascade-opt:0.1,token-class:digits:0.3,diversed"
 
 
 def _free_port() -> int:
@@ -54,7 +57,9 @@ class Server:
             spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.num_draft,
                     "draft_sample_method": "probabilistic"}  # fmt: skip
             command += ["--speculative-config", json.dumps(spec)]
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "0"}
+        self.weight_log = log.with_name(log.stem + "-weights.jsonl")
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "0",
+               "HF_DIVERSED_VLLM_WEIGHT_LOG": str(self.weight_log)}  # fmt: skip
         self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -78,10 +83,14 @@ class Server:
                     out[name] += float(line.rsplit(" ", 1)[1])
         return out
 
-    def complete(self, prompt_ids: list[int], rule: str | None, seed: int, max_tokens: int) -> dict:
+    def weights(self) -> list[dict]:
+        """The plugin's weight log so far (one line per verification step and head)."""
+        return _load(self.weight_log)
+
+    def complete(self, prompt_ids: list[int], xargs: dict | None, seed: int, max_tokens: int) -> dict:
         body = {"model": "target", "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed}
-        if rule is not None:
-            body["vllm_xargs"] = {"diversed_verifier": rule}
+        if xargs:
+            body["vllm_xargs"] = xargs
         request = urllib.request.Request(
             f"{self.base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
@@ -108,14 +117,28 @@ def _load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
+def _xargs(method: str, task_name: str) -> dict | None:
+    """The request's vLLM extra args: none for the target alone, the task's bundled head for ``diversed``."""
+    if method == "ar":
+        return None
+    if method == "diversed":
+        from hf_diversed.modeling.pretrained import head_for_task
+
+        head = head_for_task(task_name)
+        if head is None:
+            raise SystemExit(f"no bundled head for task {task_name!r}: drop 'diversed' from --methods.")
+        return {"diversed_head": head}
+    return {"diversed_verifier": method}
+
+
 def run_phase(server: Server, task, rows, prompts, method: str, concurrency: int, args, out: Path, machine: dict):
-    rule = None if method == "ar" else method
-    before = server.counters()
+    xargs = _xargs(method, task.name)
+    before, logged = server.counters(), len(server.weights())
     start = time.perf_counter()
 
     def one(i: int) -> dict:
         t0 = time.perf_counter()
-        response = server.complete(prompts[i], rule, seed=args.seed + i, max_tokens=args.max_new_tokens)
+        response = server.complete(prompts[i], xargs, seed=args.seed + i, max_tokens=args.max_new_tokens)
         choice = response["choices"][0]
         reward = task.reward_fn(None, [choice["text"]], **{c: [rows[i][c]] for c in task.reward_columns})[0]
         return {
@@ -130,6 +153,8 @@ def run_phase(server: Server, task, rows, prompts, method: str, concurrency: int
     seconds = time.perf_counter() - start
     after = server.counters()
     drafted, accepted = (after[name] - before[name] for name in SPEC_COUNTERS)
+    weights = server.weights()[logged:]
+    positions = sum(line["positions"] for line in weights)
     for record in records:
         _append(out / "records.jsonl", record)
     tokens = sum(r["completion_tokens"] for r in records)
@@ -137,6 +162,10 @@ def run_phase(server: Server, task, rows, prompts, method: str, concurrency: int
         "task": task.name, "method": method, "concurrency": concurrency, "n": len(records), "tokens": tokens,
         "seconds": seconds, "tokens_per_s": tokens / seconds, "drafted": drafted, "accepted": accepted,
         "acceptance": accepted / drafted if drafted else None, "num_draft": args.num_draft,
+        "head": (xargs or {}).get("diversed_head"), "weight_positions": positions,
+        "mean_w": sum(line["sum_w"] for line in weights) / positions if positions else None,
+        "expected_acceptance": sum(line["sum_expected_acceptance"] for line in weights) / positions if positions
+        else None,
         "max_new_tokens": args.max_new_tokens, **machine,
     }  # fmt: skip
     _append(out / "phases.jsonl", phase)
@@ -148,8 +177,8 @@ def report(out: Path) -> str:
     from hf_diversed.evaluation.bench import bootstrap_interval, wilson_interval
 
     phases, records = _load(out / "phases.jsonl"), _load(out / "records.jsonl")
-    lines = ["| task | method | c | n | tok/s | × target alone | acceptance | quality ×100 [95% CI] | cut at max |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| task | method | c | n | tok/s | × target alone | acceptance | mean w (per position: mean 1 − w·TV) | "
+             "quality ×100 [95% CI] | cut at max |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     base = {(p["task"], p["concurrency"]): p["tokens_per_s"] for p in phases if p["method"] == "ar"}
     for p in sorted(phases, key=lambda p: (p["task"], p["concurrency"], p["method"] != "ar", p["method"])):
         mine = [r for r in records if (r["task"], r["method"], r["concurrency"]) == (p["task"], p["method"],
@@ -165,9 +194,10 @@ def report(out: Path) -> str:
         ratio = f"{p['tokens_per_s'] / base[key]:.2f}×" if key in base else "-"
         acceptance = "-" if p["acceptance"] is None else f"{100 * p['acceptance']:.1f}%"
         cut = sum(r["finish_reason"] == "length" for r in mine) / max(len(mine), 1)
+        mean_w = "-" if p.get("mean_w") is None else f"{p['mean_w']:.3f} ({100 * p['expected_acceptance']:.1f}%)"
         lines.append(
             f"| {p['task']} | {p['method']} | {p['concurrency']} | {p['n']} | {p['tokens_per_s']:.2f} | {ratio} | "
-            f"{acceptance} | {quality} | {100 * cut:.0f}% |"
+            f"{acceptance} | {mean_w} | {quality} | {100 * cut:.0f}% |"
         )
     machines = sorted({(p.get("cpu_capability"), p.get("dtype"), p.get("threads")) for p in phases})
     lines.append("")
@@ -205,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         dtype = resolve_dtype(args.dtype)
         machine = {"cpu_capability": cpu_capability(), "dtype": dtype, "threads": os.cpu_count(),
                    "torch": torch.__version__, "compiled": args.compile}  # fmt: skip
+        from hf_diversed.modeling.pretrained import seed_pretrained_heads
+
         target, draft = ensure_pair()
+        seed_pretrained_heads()  # "diversed" requests name the bundled heads by Hub id; the server finds them here
         tokenizer = AutoTokenizer.from_pretrained(target)
         data = {}
         for name in args.tasks.split(","):

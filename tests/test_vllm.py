@@ -30,12 +30,20 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine runs 
 
 from conftest import chat_tokenizer  # noqa: E402
 
+from hf_diversed.generation.candidate_generator import LastHiddenStateRecorder  # noqa: E402
 from hf_diversed.generation.verification import parse_rule  # noqa: E402
+from hf_diversed.modeling.modeling_diversed_head import (  # noqa: E402
+    DiversedHead,
+    DiversedHeadConfig,
+    distribution_features,
+    position_weights,
+)
 
 TEXTS = [f"Question {i}: {i} plus {2 * i} is {3 * i}. Answer: #### {3 * i}" for i in range(200)]
 NUM_DRAFT = 3
 PROMPT = "Question 7: 7 plus"
 N = 3000  # requests per law check
+PREEMPTION_REQUESTS = 2400  # requests in a run that preempts (about 40% of them are checked after a preemption)
 ALPHA = 1e-4
 Z = 3.719  # standard normal quantile at 1 - ALPHA
 
@@ -98,18 +106,25 @@ def references(pair):
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
 
-    def next_laws(prefixes: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_laws(prefixes: list[list[int]], hidden: bool = False):
+        """(p, q) at the position after each prefix (equal lengths); with ``hidden``, also the target's and the
+        draft's last hidden states there (their LM heads' inputs, as hf-diversed's own loop reads them)."""
         ids = torch.tensor(prefixes)
-        with torch.no_grad():
-            return target(ids).logits[:, -1].softmax(-1), draft(ids).logits[:, -1].softmax(-1)
+        with torch.no_grad(), LastHiddenStateRecorder(target) as h_t, LastHiddenStateRecorder(draft) as h_d:
+            p, q = target(ids).logits[:, -1].softmax(-1), draft(ids).logits[:, -1].softmax(-1)
+        return (p, q, h_t.states[-1][:, -1], h_d.states[-1][:, -1]) if hidden else (p, q)
 
     return next_laws, tokenizer
 
 
 def _params(rule: str | None, seed: int, max_tokens: int = 2):
+    """``rule`` is a rule's spec, or ``("diversed_head", name)`` for a request that names its head."""
     from vllm import SamplingParams
 
-    extra = {"diversed_verifier": rule} if rule is not None else None
+    if isinstance(rule, tuple):
+        extra = {rule[0]: rule[1]}
+    else:
+        extra = {"diversed_verifier": rule} if rule is not None else None
     return SamplingParams(
         max_tokens=max_tokens, temperature=1.0, seed=seed, ignore_eos=True, detokenize=False, extra_args=extra
     )
@@ -163,12 +178,41 @@ def wald_statistic(tokens: list[int], laws: torch.Tensor) -> tuple[float, int]:
     return float(d @ torch.linalg.solve(s, d)), int(d.numel())
 
 
-def check_first_position(rule_spec, outputs, drafts, accepted_first, references, prompt_ids):
-    """The law of x2 and the first-position acceptance of ``outputs`` against the rule's, on the same prefixes."""
+def pit_statistic(tokens: list[int], laws: torch.Tensor, bins: int = 10) -> tuple[float, int]:
+    """(statistic, degrees of freedom) of a chi-square test of draws from per-draw laws that may be spread thin
+    (where the Wald test's counts per category are too small): the randomised probability integral transform
+    U = F(x-) + V f(x), V ~ U(0, 1), with each law's tokens ordered by decreasing probability, is U(0, 1) exactly
+    when each token has its law; the counts of U in ``bins`` equal bins are then multinomial(n, 1/bins)."""
+    laws = laws.double() / laws.double().sum(1, keepdim=True)
+    sorted_laws, order = torch.sort(laws, dim=1, descending=True, stable=True)
+    rank = order.argsort(dim=1).gather(1, torch.tensor(tokens)[:, None])[:, 0]  # each token's place in its ordering
+    below = (sorted_laws.cumsum(1) - sorted_laws).gather(1, rank[:, None])[:, 0]
+    mass = sorted_laws.gather(1, rank[:, None])[:, 0]
+    u = below + torch.rand(len(tokens), generator=torch.Generator().manual_seed(0), dtype=torch.float64) * mass
+    counts = torch.bincount((u * bins).long().clamp(max=bins - 1), minlength=bins).double()
+    expected = len(tokens) / bins
+    return float(((counts - expected) ** 2 / expected).sum()), bins - 1
+
+
+def head_weights(head, p, q, h_target, h_draft) -> torch.Tensor:
+    """hf-diversed's own w of ``head`` at n positions given as rows (the head's inputs as its loops build them)."""
+    features = distribution_features(p, q) if head.config.use_distribution_features else None
+    with torch.no_grad():
+        return position_weights(head, h_draft, h_target, features)
+
+
+def check_first_position(rule_spec, outputs, drafts, accepted_first, references, prompt_ids, head=None):
+    """The law of x2 and the first-position acceptance of ``outputs`` against the rule's, on the same prefixes; with
+    ``head``, DIVERSED with w the head's output on the two models' hidden states at each request's prefix. Returns
+    the expected acceptance (and, with a head, the weights)."""
     next_laws, tokenizer = references
     rule = parse_rule(rule_spec or "exact", tokenizer=tokenizer)
-    p, q = next_laws([prompt_ids + out[:1] for out in outputs])
-    w = rule.weights(p.unsqueeze(1), q.unsqueeze(1), None)  # (n, 1)
+    p, q, h_t, h_d = next_laws([prompt_ids + out[:1] for out in outputs], hidden=True)
+    w = (
+        rule.weights(p.unsqueeze(1), q.unsqueeze(1), None)
+        if head is None
+        else head_weights(head, p, q, h_t, h_d)[:, None]
+    )
     laws = rule.output_law(p.unsqueeze(1), q.unsqueeze(1), w).squeeze(1)
     statistic, df = wald_statistic([out[1] for out in outputs], laws)
     assert statistic < chi_square_quantile(df), (rule_spec, statistic, df)
@@ -176,7 +220,7 @@ def check_first_position(rule_spec, outputs, drafts, accepted_first, references,
     n = len(outputs)
     assert drafts == n, "each request verifies exactly one drafted block"
     assert abs(accepted_first / n - expected) < math.sqrt(math.log(2 / ALPHA) / (2 * n)), (rule_spec, expected)
-    return expected
+    return expected if head is None else (expected, w[:, 0])
 
 
 def _prompt_ids(references) -> list[int]:
@@ -218,11 +262,239 @@ def test_ignoring_w_fails_the_law_check(llm, references, monkeypatch):
     """A deliberately wrong plugin (the rule's weight ignored: exact verification for every rule) fails the check."""
     from hf_diversed.integrations.vllm import _compat
 
-    monkeypatch.setattr(_compat, "exact_targets", lambda rules, num_draft_tokens, p, q: p.clone())
+    monkeypatch.setattr(_compat, "exact_targets", lambda rules, num_draft_tokens, p, q, head_weights=None: p.clone())
     prompt = _prompt_ids(references)
     outputs, drafts, first = _generate(llm, prompt, ["static:0.3"] * N, seed0=10**6)
     with pytest.raises(AssertionError):
         check_first_position("static:0.3", outputs, drafts, first, references, prompt)
+
+
+# ----------------------------------------------------------------------------------------- the DIVERSED head
+
+
+def _build_head(root, name: str, *, scale: float, init_weight: float = 0.5, features: bool = False, seed: int = 2):
+    """A head for the tiny pair saved to ``root/name``: ``scale`` > 0 draws its output layer at random, so w varies
+    with the hidden states (scale 0: a fresh head, w = init_weight everywhere)."""
+    torch.manual_seed(seed)
+    config = DiversedHeadConfig(
+        target_hidden_size=128, draft_hidden_size=128, init_weight=init_weight, use_distribution_features=features,
+        head_hidden_size=16 if features else 0,
+    )  # fmt: skip
+    head = DiversedHead(config).eval()
+    if scale:
+        with torch.no_grad():
+            head.out.weight.normal_(0.0, scale)
+    head.save_pretrained(root / name)
+    return str(root / name), head
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    """name -> (path, head): two heads whose w varies by position (one reads the laws too), and a fresh one."""
+    root = tmp_path_factory.mktemp("heads")
+    return {
+        "varying": _build_head(root, "varying", scale=0.15),
+        "features": _build_head(root, "features", scale=1.0, features=True, init_weight=0.3, seed=3),
+        "fresh": _build_head(root, "fresh", scale=0.0, init_weight=0.3),
+    }
+
+
+@pytest.mark.parametrize("name", ["varying", "features"])
+def test_a_head_gives_the_mixture_law_with_its_own_weights(llm, references, heads, name):
+    """At the first drafted position the law is nu = w p + (1 - w) q with w the head's output on the two models' hidden
+    states at the request's prefix (computed by hf-diversed's own head call), and the acceptance is mean(1 - w TV)."""
+    path, head = heads[name]
+    prompt = _prompt_ids(references)
+    outputs, drafts, first = _generate(llm, prompt, [("diversed_head", path)] * N)
+    _, w = check_first_position("diversed", outputs, drafts, first, references, prompt, head=head)
+    assert w.std() > 0.1 and 0.05 < w.mean() < 0.95  # w varies by position: a constant w would not test the head
+
+
+def test_a_fresh_head_is_the_static_ensemble(llm, references, heads, monkeypatch, tmp_path):
+    """A fresh head (output layer at zero) gives w = init_weight at every position: the law of static:0.3. The
+    weight log a benchmark reads (``HF_DIVERSED_VLLM_WEIGHT_LOG``) holds every drafted position, with w = 0.3."""
+    import json
+
+    log = tmp_path / "weights.jsonl"
+    monkeypatch.setenv("HF_DIVERSED_VLLM_WEIGHT_LOG", str(log))
+    path, _ = heads["fresh"]
+    prompt = _prompt_ids(references)
+    outputs, drafts, first = _generate(llm, prompt, [("diversed_head", path)] * N, seed0=2 * 10**6)
+    check_first_position("static:0.3", outputs, drafts, first, references, prompt)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {line["head"] for line in lines} == {path}
+    positions = sum(line["positions"] for line in lines)
+    assert positions == NUM_DRAFT * N  # one block of N drafts verified per request
+    assert sum(line["sum_w"] for line in lines) / positions == pytest.approx(0.3, abs=1e-6)
+    assert 0.3 < sum(line["sum_expected_acceptance"] for line in lines) / positions < 1.0
+
+
+def test_a_mixed_batch_of_heads_and_rules_keeps_each_requests_law(llm, references, heads):
+    """Two heads and a rule in the same vLLM calls: each request's law is its own head's (or rule's)."""
+    prompt = _prompt_ids(references)
+    cycle = [("diversed_head", heads["varying"][0]), ("diversed_head", heads["features"][0]), "static:0.3"]
+    rules = [cycle[i % len(cycle)] for i in range(len(cycle) * N // 2)]
+    outputs, _, _ = _generate(llm, prompt, rules, seed0=3 * 10**6)
+    next_laws, _ = references
+    for entry, head in zip(cycle, (heads["varying"][1], heads["features"][1], None), strict=True):
+        mine = [out for out, r in zip(outputs, rules, strict=True) if r == entry]
+        p, q, h_t, h_d = next_laws([prompt + out[:1] for out in mine], hidden=True)
+        rule = parse_rule("diversed" if head is not None else entry)
+        w = (
+            head_weights(head, p, q, h_t, h_d)[:, None]
+            if head is not None
+            else rule.weights(p[:, None], q[:, None], None)
+        )
+        laws = rule.output_law(p[:, None], q[:, None], w)[:, 0]
+        statistic, df = wald_statistic([out[1] for out in mine], laws)
+        assert statistic < chi_square_quantile(df), (entry, statistic, df)
+
+
+@pytest.mark.parametrize("wrong", ["target", "draft"])
+def test_a_head_fed_the_next_positions_hidden_states_fails_the_law_check(llm, references, heads, monkeypatch, wrong):
+    """A deliberately wrong plugin, which hands the head the hidden states one position later (those that have seen
+    the drafted token), fails the check: the law test can tell which positions the head reads."""
+    from hf_diversed.integrations.vllm import _compat
+
+    if wrong == "target":
+        original = _compat.target_rows
+        monkeypatch.setattr(_compat, "target_rows", lambda metadata: original(metadata) + 1)
+    else:
+        original = _compat._draft_hidden_rows
+
+        def shifted(runner, metadata):  # each request's rows one drafted token later (its last row repeated)
+            rows, start = original(runner, metadata), 0
+            if rows is None:
+                return None
+            out = rows.clone()
+            for n in metadata.num_draft_tokens:
+                out[start : start + n - 1] = rows[start + 1 : start + n]
+                start += n
+            return out
+
+        monkeypatch.setattr(_compat, "_draft_hidden_rows", shifted)
+    path, head = heads["varying"]
+    prompt = _prompt_ids(references)
+    outputs, drafts, first = _generate(llm, prompt, [("diversed_head", path)] * N, seed0=4 * 10**6)
+    with pytest.raises(AssertionError):
+        check_first_position("diversed", outputs, drafts, first, references, prompt, head=head)
+
+
+@pytest.fixture(scope="module")
+def small_cache_llm(pair, llm):
+    """The tiny pair with a KV cache of 48 blocks of 32 tokens and 96 requests in flight: vLLM must preempt. (Both
+    engines live until the module ends: shutting one down tears down the distributed state the other uses.)"""
+    from vllm import LLM
+
+    target, draft, _ = pair
+    engine = LLM(
+        model=str(target), dtype="float32", enforce_eager=True, max_model_len=256, seed=0, max_num_seqs=96,
+        speculative_config=speculative_config(draft), num_gpu_blocks_override=48, block_size=32,
+        enable_chunked_prefill=True, max_num_batched_tokens=512,
+    )  # fmt: skip
+    yield engine
+    del engine
+
+
+def _law_after_preemptions(small_cache_llm, references, heads, monkeypatch, seed0: int) -> tuple[float, int]:
+    """Generate with a KV cache too small for the batch, so that vLLM preempts running requests mid-generation and
+    recomputes them later (their drafts and draft hidden states are dropped, other requests take their batch rows;
+    a budget of 512 tokens per step splits the recomputations into chunked prefills).
+    A request preempted holding k output tokens resumes with a prefill that samples token k from p, drafts again,
+    and its token k + 1 is the first one verified after the preemption: its law is the head's nu on that prefix.
+    Returns the probability-integral-transform statistic of every such token against that law."""
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    preempted: dict[str, list[int]] = {}
+    original = Scheduler._preempt_request
+
+    def record(self, request, *args, **kwargs):
+        # the engine's id is the LLM's request id with a random suffix
+        preempted.setdefault(request.request_id.rsplit("-", 1)[0], []).append(len(request.output_token_ids))
+        return original(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "_preempt_request", record)
+    path, head = heads["varying"]
+    prompt = _prompt_ids(references)
+    max_tokens = 40
+    params = [_params(("diversed_head", path), seed0 + i, max_tokens=max_tokens) for i in range(PREEMPTION_REQUESTS)]
+    outs = small_cache_llm.generate([TokensPrompt(prompt_token_ids=prompt)] * len(params), params, use_tqdm=False)
+    checked: list[tuple[list[int], int]] = []  # (prefix, the token verified after it)
+    for out in outs:
+        tokens = list(out.outputs[0].token_ids)
+        assert len(tokens) == max_tokens
+        counts = preempted.get(out.request_id, [])
+        for i, k in enumerate(counts):
+            later = counts[i + 1] if i + 1 < len(counts) else max_tokens + 1
+            if k + 1 < max_tokens and later >= k + 2:  # not preempted again before token k + 1 was verified
+                checked.append((prompt + tokens[: k + 1], tokens[k + 1]))
+    assert len(checked) >= 600, f"only {len(checked)} preemptions to check ({len(preempted)} requests preempted)"
+    next_laws, _ = references
+    rule, laws, observed = parse_rule("diversed"), [], []
+    for length in sorted({len(prefix) for prefix, _ in checked}):
+        group = [(prefix, token) for prefix, token in checked if len(prefix) == length]
+        p, q, h_t, h_d = next_laws([prefix for prefix, _ in group], hidden=True)
+        w = head_weights(head, p, q, h_t, h_d)[:, None]
+        laws.append(rule.output_law(p[:, None], q[:, None], w)[:, 0])
+        observed += [token for _, token in group]
+    return pit_statistic(observed, torch.cat(laws))
+
+
+def test_after_a_preemption_the_head_reads_the_resumed_requests_own_hidden_states(
+    small_cache_llm, references, heads, monkeypatch
+):
+    statistic, df = _law_after_preemptions(small_cache_llm, references, heads, monkeypatch, seed0=5 * 10**6)
+    assert statistic < chi_square_quantile(df), (statistic, df)
+
+
+def test_draft_hidden_states_taken_by_draft_order_fail_after_preemptions(
+    small_cache_llm, references, heads, monkeypatch
+):
+    """A deliberately wrong plugin that takes the i-th drafting request's draft hidden states from the i-th row
+    filed at drafting time, not from that request's own row: right while every request drafts, wrong once resumed
+    (and new) requests sit in the batch without drafts; the law check after preemptions catches it."""
+    from hf_diversed.integrations.vllm import _compat
+
+    def by_draft_order(runner, metadata):
+        filed = getattr(runner, "_hf_diversed_draft_hidden", None)
+        if filed is None or filed[0] is not runner._draft_probs:
+            return None
+        hidden, rows = filed[1], []
+        for n in metadata.num_draft_tokens:
+            if n:
+                rows.append(hidden[min(len(rows), hidden.shape[0] - 1), :n])
+        return torch.cat(rows) if rows else None
+
+    monkeypatch.setattr(_compat, "_draft_hidden_rows", by_draft_order)
+    statistic, df = _law_after_preemptions(small_cache_llm, references, heads, monkeypatch, seed0=6 * 10**6)
+    assert statistic > chi_square_quantile(df), (statistic, df)
+
+
+def test_heads_that_cannot_run_are_refused_and_the_engine_keeps_serving(llm, references, heads, tmp_path):
+    """A head built for another pair (the real pair's sizes), a missing head, a head beside another rule, DIVERSED
+    without a head: each refused in one line naming the fix, and the engine serves on."""
+    from vllm.inputs import TokensPrompt
+
+    other_pair = DiversedHead(DiversedHeadConfig(target_hidden_size=1536, draft_hidden_size=896))
+    other_pair.save_pretrained(tmp_path / "other-pair")
+    prompt = _prompt_ids(references)
+    cases = [
+        ({"diversed_head": str(tmp_path / "other-pair")}, "hidden sizes 1536/896, but the models have 128/128"),
+        ({"diversed_head": str(tmp_path / "missing")}, "Could not load the DIVERSED head"),
+        ({"diversed_head": heads["varying"][0], "diversed_verifier": "static:0.5"}, "only used by the DIVERSED rule"),
+        ({"diversed_verifier": "diversed"}, 'add "diversed_head"'),
+        ({"diversed_head": 3}, 'extra_args["diversed_head"] must be a non-empty string'),
+    ]  # fmt: skip
+    from vllm import SamplingParams
+
+    for extra, message in cases:
+        params = SamplingParams(max_tokens=2, temperature=1.0, extra_args=extra)
+        with pytest.raises(ValueError, match=__import__("re").escape(message)) as caught:
+            llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        assert "\n" not in str(caught.value)
+    outputs, _, _ = _generate(llm, prompt, [("diversed_head", heads["varying"][0])] * 4)
+    assert all(len(out) == 2 for out in outputs)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +502,6 @@ def test_ignoring_w_fails_the_law_check(llm, references, monkeypatch):
     [
         ("fancy:1", "Unknown verification rule 'fancy:1'"),
         ("static:2", "must be in [0, 1]"),
-        ("diversed", "does not run inside vLLM yet"),
         ("token-class:emoji:0", "unknown token class 'emoji'"),
     ],
 )
@@ -259,9 +530,10 @@ def test_greedy_requests_keep_vllms_path_and_relaxed_rules_ask_for_sampling(llm,
         llm.generate([prompt], relaxed, use_tqdm=False)
 
 
-def test_engine_settings_a_relaxed_rule_needs_are_named(llm):
+def test_engine_settings_a_relaxed_rule_needs_are_named(llm, heads):
     """The checks the front end runs on each request, against this engine's configuration and variants of it: no
-    draft model, greedy drafts (q one-hot), Model Runner V2, no tokenizer for a token class."""
+    draft model, greedy drafts (q one-hot), Model Runner V2, no tokenizer for a token class, async scheduling with a
+    head."""
     import copy
 
     from vllm import SamplingParams
@@ -285,9 +557,17 @@ def test_engine_settings_a_relaxed_rule_needs_are_named(llm):
     token_class = SamplingParams(temperature=1.0, extra_args={"diversed_verifier": "token-class:digits:0"})
     with pytest.raises(RuleError, match="without skip_tokenizer_init"):
         check_request(token_class, config, tokenizer=None)
+    head = SamplingParams(temperature=1.0, extra_args={"diversed_head": heads["varying"][0]})
+    check_request(head, config, tokenizer=None)
+    async_config = copy.copy(config)
+    async_config.scheduler_config = copy.copy(config.scheduler_config)
+    async_config.scheduler_config.async_scheduling = True
+    with pytest.raises(RuleError, match="--no-async-scheduling"):
+        check_request(head, async_config, tokenizer=None)
     default = copy.copy(config)
     default.additional_config = {"diversed_verifier": "static:7"}
-    with pytest.raises(RuleError, match='the server default \\(additional_config "diversed_verifier"\\): .*got 7.0'):
+    where = 'the server default \\(additional_config "diversed_verifier" / "diversed_head"\\)'
+    with pytest.raises(RuleError, match=where + ": .*got 7.0"):
         check_request(SamplingParams(temperature=1.0), default, tokenizer=None)
 
 
@@ -299,11 +579,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_openai_server_serves_each_request_its_rule(pair, tmp_path):
+def test_openai_server_serves_each_request_its_rule(pair, heads, tmp_path):
     """vLLM's OpenAI server (the module behind ``vllm serve``) with the plugin: concurrent requests through the
     ``openai`` client, each with its rule in ``vllm_xargs``, one with a bad rule; the bad one gets HTTP 400 with the
     reason, every other completes, each rule's acceptance shows in ``/metrics``, and the server default
-    (``--additional-config``) applies to requests that name no rule. The server is stopped at the end."""
+    (``--additional-config``) applies to requests that name no rule. DIVERSED heads by Hub id, resolved from a
+    pre-seeded Hugging Face cache with the Hub offline: a head for the tiny pair, the server's default head for
+    requests that ask for "diversed" alone, and a bundled head for the real pair, refused. The server is stopped at
+    the end."""
     import concurrent.futures
     import json
     import subprocess
@@ -313,14 +596,23 @@ def test_openai_server_serves_each_request_its_rule(pair, tmp_path):
 
     import openai
 
+    from hf_diversed.modeling.hub import seed_hf_cache
+    from hf_diversed.modeling.pretrained import seed_pretrained_heads
+
     target, draft, _ = pair
     port = _free_port()
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    hf_home = tmp_path / "hf_home"
+    seed_hf_cache("tiny-org/head-varying", heads["varying"][0], hf_home / "hub")
+    seed_hf_cache("tiny-org/head-fresh-0.3", heads["fresh"][0], hf_home / "hub")
+    seed_pretrained_heads(hf_home / "hub")
+    env = {
+        **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
+    }  # fmt: skip
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--host", "127.0.0.1",
         "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--seed", "0",
         "--speculative-config", json.dumps(speculative_config(draft)), "--served-model-name", "tiny",
-        "--additional-config", json.dumps({"diversed_verifier": "static:0"}),
+        "--additional-config", json.dumps({"diversed_verifier": "static:0", "diversed_head": "tiny-org/head-fresh-0.3"}),  # noqa: E501
     ]  # fmt: skip
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed in finally
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -347,14 +639,18 @@ def test_openai_server_serves_each_request_its_rule(pair, tmp_path):
                 time.sleep(2)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
 
-        def complete(rule: str | None, seed: int):
-            extra = {"vllm_xargs": {"diversed_verifier": rule}} if rule is not None else {}
+        def complete(rule: str | tuple[str, str] | None, seed: int):
+            """``rule``: a rule's spec, or ("diversed_head", Hub id)."""
+            if isinstance(rule, tuple):
+                extra = {"vllm_xargs": {rule[0]: rule[1]}}
+            else:
+                extra = {"vllm_xargs": {"diversed_verifier": rule}} if rule is not None else {}
             return client.completions.create(
                 model="tiny", prompt=PROMPT, max_tokens=16, temperature=1.0, seed=seed,
                 extra_body={"ignore_eos": True, **extra},
             )  # fmt: skip
 
-        def acceptance(rules: list[str | None]) -> float:
+        def acceptance(rules: list) -> float:
             before = metrics()
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 done = list(pool.map(complete, rules, range(len(rules))))
@@ -374,14 +670,20 @@ def test_openai_server_serves_each_request_its_rule(pair, tmp_path):
         exact = acceptance(["exact"] * 16)
         assert exact < 0.9
 
+        fresh = acceptance(["diversed"] * 24)  # the server's default head: a fresh one, w = 0.3
+        assert exact < fresh < 1.0
+        bundled = ("diversed_head", "hf-diversed/diversed-head-qwen2.5-coder-1.5b-gsm8k")
+        varying = ("diversed_head", "tiny-org/head-varying")
         rules = ["exact", "static:0.5", "cascade-opt:0.3", "lossy:0.5", "static:9", "token-class:digits:0.3"] * 3
+        rules += [varying, bundled, varying]
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(complete, rule, i) for i, rule in enumerate(rules)]
         for rule, future in zip(rules, futures, strict=True):
-            if rule == "static:9":
+            if rule in ("static:9", bundled):
                 with pytest.raises(openai.BadRequestError) as caught:
                     future.result()
-                assert caught.value.status_code == 400 and "must be in [0, 1], got 9.0" in str(caught.value)
+                reason = "must be in [0, 1], got 9.0" if rule == "static:9" else "hidden sizes 1536/896, but the models"
+                assert caught.value.status_code == 400 and reason in str(caught.value)
             else:
                 assert future.result().usage.completion_tokens == 16, rule
         assert acceptance(["static:0"] * 8) == 1.0  # still serving

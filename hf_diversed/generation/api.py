@@ -51,15 +51,7 @@ def check_pair(target, draft, head: DiversedHead | None) -> None:
             "target's tokenizer (same family, e.g. Qwen2.5-Coder-0.5B for Qwen2.5-Coder-1.5B)."
         )
     if head is not None:
-        expected = (head.config.target_hidden_size, head.config.draft_hidden_size)
-        actual = (t_cfg.hidden_size, d_cfg.hidden_size)
-        if expected != actual:
-            raise ValueError(
-                f"The DIVERSED head was built for target/draft hidden sizes {expected[0]}/{expected[1]}, but the "
-                f"models have {actual[0]}/{actual[1]}. Use a head trained for this pair "
-                f"(head config: target_model={head.config.target_model!r}, draft_model={head.config.draft_model!r}), "
-                "or DiversedHead.for_models(target, draft) for a fresh one."
-            )
+        head.check_pair(t_cfg.hidden_size, d_cfg.hidden_size)
         check_draft_vocabulary(target, draft, head)
 
 

@@ -242,10 +242,14 @@ def check_draft_vocabulary(target, draft, head=None) -> None:
             f"The draft's trimmed vocabulary holds ids up to {int(ids.max())}, but the target's vocabulary has "
             f"{target_vocab} ids. Trim the draft with the target's tokenizer (ids < {target_vocab})."
         )
-    if head is None:
-        return
+    if head is not None:
+        note_head_draft_vocabulary(head, draft_vocabulary_fingerprint(draft))
+
+
+def note_head_draft_vocabulary(head, current: str | None) -> None:
+    """Warn (once per pair of vocabularies) when ``head`` was trained with another draft vocabulary than
+    ``current`` (a fingerprint; None: the full vocabulary)."""
     trained_with = getattr(head.config, "draft_vocabulary", None)
-    current = draft_vocabulary_fingerprint(draft)
     if trained_with != current and (trained_with, current) not in _WARNED:
         _WARNED.add((trained_with, current))
         logger.warning(

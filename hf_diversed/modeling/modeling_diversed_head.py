@@ -130,6 +130,17 @@ class DiversedHead(PreTrainedModel):
         z = nn.functional.linear(x, params["out.weight"], params["out.bias"]).squeeze(-1)  # (B, T)
         return DiversedHeadOutput(weight=self.weight_from_logits(z), logits=z)
 
+    def check_pair(self, target_hidden_size: int, draft_hidden_size: int) -> None:
+        """Refuse a model pair whose hidden sizes are not the ones this head was built for (ValueError)."""
+        expected = (self.config.target_hidden_size, self.config.draft_hidden_size)
+        if expected != (target_hidden_size, draft_hidden_size):
+            raise ValueError(
+                f"The DIVERSED head was built for target/draft hidden sizes {expected[0]}/{expected[1]}, but the "
+                f"models have {target_hidden_size}/{draft_hidden_size}. Use a head trained for this pair (head "
+                f"config: target_model={self.config.target_model!r}, draft_model={self.config.draft_model!r}), or "
+                "DiversedHead.for_models(target, draft) for a fresh one."
+            )
+
     def _check_sizes(self, draft_size: int, target_size: int) -> None:
         expected = (self.config.draft_hidden_size, self.config.target_hidden_size)
         if (draft_size, target_size) != expected:

