@@ -50,15 +50,18 @@ def compile_config(args) -> CompileConfig:
     return CompileConfig(fullgraph=True, dynamic=False, mode=mode, options=options)
 
 
-def mode_kwargs(method: Method, mode: str, config: CompileConfig) -> dict:
+def mode_kwargs(method: Method, mode: str, config: CompileConfig, cache_len: int) -> dict:
+    """``generate``'s arguments for ``mode``; compiled: static caches of ``cache_len`` positions for every call (the
+    longest prompt plus the new tokens), so the warm-up compiles the very graphs the timed calls run."""
     if mode == "eager":
         return {}
+    static = {"cache_implementation": "static", "max_cache_len": cache_len}
     if method.spec == "ar":  # transformers compiles its own static-cache loop only on accelerators unless told
-        return {"cache_implementation": "static", "compile_config": _compat.compile_on_every_device(config)}
-    return {"cache_implementation": "static", "compile_config": config}
+        return {**static, "compile_config": _compat.compile_on_every_device(config)}
+    return {**static, "compile_config": config}
 
 
-def costs(target, draft, input_ids, n: int, mode: str, config: CompileConfig, repeats: int) -> dict:
+def costs(target, draft, input_ids, n: int, mode: str, config: CompileConfig, repeats: int, cache_len: int) -> dict:
     """Per-token seconds of the target alone and of a draft step, one verification's seconds, c and v, and the
     loop's round at full acceptance, in ``mode``."""
     if mode == "compiled":
@@ -73,7 +76,7 @@ def costs(target, draft, input_ids, n: int, mode: str, config: CompileConfig, re
                "verify_seconds": m["v"][str(n)] * m["target_seconds_per_token"], "c": m["c"],
                "v": m["v"][str(n)]}  # fmt: skip
     out["round_seconds_at_full_acceptance"] = round_seconds_at_full_acceptance(
-        target, draft, input_ids, n, 64, **mode_kwargs(Method("exact"), mode, config)
+        target, draft, input_ids, n, 64, **mode_kwargs(Method("exact"), mode, config, cache_len)
     )
     return out
 
@@ -126,30 +129,37 @@ def main() -> None:
         raise SystemExit(f"{out} was measured on {setup['machine']}, this is {machine}: use another --output-dir.")
     done = {(r["task"], r["row"], r["method"], r["mode"]) for r in read_jsonl(runs)}
 
+    data = {}
     for task_name in args.tasks.split(","):
         task = get_task(task_name)
         ids = [line for line in (IDS_DIR / task_name / "ids.txt").read_text().splitlines() if not line.startswith("#")]
         rows = task.load("test", ids=ids[: args.num_examples])
-        head = load_head(head_for_task(task_name)).to(target.device)
         prompts = [
             tokenizer.apply_chat_template(
                 task.build_messages(row), add_generation_prompt=True, return_tensors="pt", return_dict=True
             )["input_ids"]
             for row in rows
         ]
+        data[task_name] = (ids, rows, prompts)
+    cache_len = max(p.shape[1] for *_, prompts in data.values() for p in prompts) + args.max_new_tokens + 1
+
+    for task_name, (ids, rows, prompts) in data.items():
+        head = load_head(head_for_task(task_name)).to(target.device)
         info = setup["tasks"].get(task_name)
         if info is None:  # warm-up (compilation included) and costs, once per task, before any timed record
             info = {"warm_up_seconds": {}, "costs": {}}
             for mode in MODES:
                 for spec in METHODS:
                     method, short = Method(spec), {**common, "max_new_tokens": 16}
-                    kwargs = mode_kwargs(method, mode, config)
+                    kwargs = mode_kwargs(method, mode, config, cache_len)
                     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                         first = timed_generate(target, draft, prompts[0], method, head=head, **short, **kwargs).seconds
                         again = timed_generate(target, draft, prompts[0], method, head=head, **short, **kwargs).seconds
                     info["warm_up_seconds"][f"{spec} {mode}"] = first - again
                     print(f"{task_name}: warm-up {spec} {mode}: {first - again:.1f}s", flush=True)
-            info["costs"] = {mode: costs(target, draft, prompts[0], n, mode, config, args.repeats) for mode in MODES}
+            info["costs"] = {
+                mode: costs(target, draft, prompts[0], n, mode, config, args.repeats, cache_len) for mode in MODES
+            }
             print(f"{task_name}: costs {json.dumps(info['costs'])}", flush=True)
             setup["tasks"][task_name] = info
             setup_path.write_text(json.dumps(setup, indent=1))
@@ -163,7 +173,14 @@ def main() -> None:
                 method = Method(spec)
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # transformers' own compiled loop
                     record = timed_generate(
-                        target, draft, ids_, method, head=head, seed=i, **common, **mode_kwargs(method, mode, config)
+                        target,
+                        draft,
+                        ids_,
+                        method,
+                        head=head,
+                        seed=i,
+                        **common,
+                        **mode_kwargs(method, mode, config, cache_len),
                     )
                 stats = record.stats
                 entry = {"task": task_name, "row": i, "id": row.get("id", ids[i]), "method": spec, "mode": mode,

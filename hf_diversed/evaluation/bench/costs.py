@@ -158,23 +158,29 @@ def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, 
 
 def round_seconds_at_full_acceptance(target, draft, input_ids, n: int, new_tokens: int, *, repeats: int = 3,
                                      **generate_kwargs) -> float:  # fmt: skip
-    """Seconds per round of hf_diversed's loop when every draft is accepted (``static:0``, greedy): N draft steps,
-    one verification and the loop's own work, nothing else; compare with its bare forwards N·t_draft + t_verify. (No
-    ``min_new_tokens``: the static loop takes no processor that reads the length; an early EOS only means fewer
-    rounds.)"""
+    """Marginal seconds per round of hf_diversed's loop when every draft is accepted (``static:0``, greedy): N draft
+    steps, one verification and the loop's own work, nothing else; compare with its bare forwards
+    N·t_draft + t_verify. The prefill and the first round cancel out: (T(new_tokens) − T(new_tokens / 2)) over the
+    difference in rounds. (No ``min_new_tokens``: the static loop takes no processor that reads the length; an early
+    EOS only means fewer rounds.)"""
     import torch
 
-    def run():
+    def run(k: int) -> int:
         with torch.no_grad():
             out = target.generate(
                 input_ids, assistant_model=draft, diversed_verifier="static:0", do_sample=False,
-                max_new_tokens=new_tokens, num_assistant_tokens=n,
+                max_new_tokens=k, num_assistant_tokens=n,
                 num_assistant_tokens_schedule="constant", return_dict_in_generate=True, **generate_kwargs,
             )  # fmt: skip
         return out.diversed_stats.num_rounds
 
-    rounds = run()  # warm-up
-    return _fastest_time(run, repeats) / rounds
+    short = max(1, new_tokens // 2)
+    rounds_long, rounds_short = run(new_tokens), run(short)  # warm-up
+    if rounds_long <= rounds_short:  # an EOS before the shorter call's end: no marginal round to time
+        return _fastest_time(lambda: run(new_tokens), repeats) / rounds_long
+    long_s = _fastest_time(lambda: run(new_tokens), repeats)
+    short_s = _fastest_time(lambda: run(short), repeats)
+    return (long_s - short_s) / (rounds_long - rounds_short)
 
 
 def costs_key(target: str, draft: str | None, dtype: str) -> str:
