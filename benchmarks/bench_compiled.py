@@ -65,7 +65,7 @@ def costs(target, draft, input_ids, n: int, mode: str, config: CompileConfig, re
     """Per-token seconds of the target alone and of a draft step, one verification's seconds, c and v, and the
     loop's round at full acceptance, in ``mode``."""
     if mode == "compiled":
-        m = measure_compiled_costs(target, draft, input_ids, n, config, repeats=repeats)
+        m = measure_compiled_costs(target, draft, input_ids, n, config, repeats=repeats, cache_len=cache_len)
         out = {"target_seconds_per_token": m["target_alone_seconds_per_token"],
                "draft_seconds_per_token": m["draft_step_seconds"], "verify_seconds": m["verify_seconds"],
                "c": m["c"], "v": m["v"][str(n)]}  # fmt: skip

@@ -93,10 +93,13 @@ def compiled_comparison(target, draft, prompt, args, device: torch.device) -> li
         (1 - a ** (n + 1)) / (1 - a) if a < 1 else n + 1.0 for a in (float(x) for x in args.acceptance.split(",") if x)
     ]
     rows = []
-    for name, extra in (("eager", {}), ("compiled", {"cache_implementation": "static", "compile_config": config})):
+    # one static cache length for every compiled call: the round's, so the bare forwards are timed on the same cache
+    cache_len = prompt.shape[1] + args.max_new_tokens + 1
+    static = {"cache_implementation": "static", "compile_config": config, "max_cache_len": cache_len}
+    for name, extra in (("eager", {}), ("compiled", static)):
         start = time.perf_counter()
         if extra:
-            costs = measure_compiled_costs(target, draft, prompt, n, config)
+            costs = measure_compiled_costs(target, draft, prompt, n, config, cache_len=cache_len)
             t_alone, t_d, t_verify = (costs[k] for k in ("target_alone_seconds_per_token", "draft_step_seconds",
                                                          "verify_seconds"))  # fmt: skip
         else:

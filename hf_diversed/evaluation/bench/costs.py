@@ -117,12 +117,15 @@ def measure_costs(target, draft, input_ids, ns: Iterable[int], *, repeats: int =
     }
 
 
-def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, repeats: int = 5) -> dict:
+def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, repeats: int = 5,
+                           cache_len: int | None = None) -> dict:  # fmt: skip
     """:func:`measure_costs` for the compiled static-cache path, from the forwards the static loop runs.
 
     ``target_alone_seconds_per_token``: transformers' static-cache compiled ``generate`` of the target alone (the
     baseline); ``draft_step_seconds``, ``target_step_seconds``, ``verify_seconds``: one compiled forward of the draft
-    over 1 token and of the target over 1 and N + 1 tokens on a static cache after ``input_ids``; c and v from them.
+    over 1 token and of the target over 1 and N + 1 tokens on a static cache of ``cache_len`` positions (default: just
+    enough) after ``input_ids``; c and v from them. Pass the cache length the loop runs with: a compiled step attends
+    over the whole static cache, so a longer one costs more at the same position.
     """
     import torch
     import torch._dynamo
@@ -132,13 +135,15 @@ def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, 
     from ...generation.static_loop import RECOMPILE_LIMIT, compiled_forward
 
     kwargs = {"cache_implementation": "static", "compile_config": compile_on_every_device(compile_config)}
+    if cache_len is not None:
+        kwargs["max_cache_len"] = cache_len
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # transformers' own compiled generate
         t_alone = _seconds_per_token(target, input_ids, 4, 16, repeats, **kwargs)
     length = input_ids.shape[1]
 
     def forward_seconds(model, k: int) -> float:
         call = compiled_forward(model, compile_config)
-        cache = StaticCache(config=model.config, max_cache_len=length + n + 2)
+        cache = StaticCache(config=model.config, max_cache_len=max(cache_len or 0, length + n + 2))
         tokens = input_ids[:, -1:].repeat(1, k).to(model.device)
         with torch.no_grad(), grouped_attention_on_cpu():
             model(input_ids.to(model.device), past_key_values=cache, use_cache=True)
