@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 from transformers import CompileConfig, DynamicCache, StaticCache
 
+from hf_diversed.evaluation.bench.costs import _fastest_time
 from hf_diversed.evaluation.models import load_pair
 from hf_diversed.evaluation.real_models import DRAFT_NAME, TARGET_NAME
 from hf_diversed.generation._compat import grouped_attention_on_cpu, rewind_static_cache
@@ -27,13 +27,9 @@ from hf_diversed.modeling.dtypes import cpu_capability, resolve_dtype
 
 
 def fastest(step, repeats: int) -> float:
-    step()  # warm-up (compiles a new shape)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """The fastest of ``repeats`` timed calls after one untimed call (which compiles a new shape)."""
+    step()
+    return _fastest_time(step, repeats)
 
 
 def one_step(forward, cache: StaticCache, token: torch.Tensor, position: int):
