@@ -53,7 +53,8 @@ def test_round_at_full_acceptance_leaves_the_prefill_out(pair, static):
 @pytest.mark.slow
 def test_compiled_costs_are_timed_on_the_cache_length_asked_for(pair, monkeypatch):
     """``measure_compiled_costs(cache_len=L)`` times the static loop's forwards on caches of L positions (a step
-    attends over its whole static cache), and transformers' compiled target alone on a cache of L too."""
+    attends over a window of its static cache that the length caps), and transformers' compiled target alone on a
+    cache of L too."""
     from transformers import StaticCache
 
     target, draft = pair

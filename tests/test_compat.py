@@ -270,3 +270,36 @@ def test_static_cache_rewinds_by_position():
         assert _compat.static_cache(model, 32) is cache  # reused (same buffers) by a call that fits, at position 0
         assert int(cache.get_seq_length()) == 0
     delattr(model, "_hf_diversed_static_cache")
+
+
+def test_windowed_static_layer_matches_transformers_static_cache():
+    """The static loop's layers attend over a window of their buffer: for any window covering the written positions
+    the logits are transformers' own StaticCache's, whose attention reads the whole buffer, through a rollback."""
+    sigs = _compat.private_signatures()
+    assert list(sigs["StaticLayer.update"].parameters)[:3] == ["self", "key_states", "value_states"]
+    assert list(sigs["StaticLayer.get_mask_sizes"].parameters) == ["self", "query_length"]
+    model = build_tiny("llama", hidden=64, layers=2, seed=0)
+    ids, rejected, accepted = prompts(1, length=9, seed=4)[0], prompts(1, length=4, seed=5)[0], prompts(1, length=3)[0]
+
+    def run(cache, window_for):
+        with torch.no_grad():
+            window_for(cache, ids.shape[1])
+            model(ids, past_key_values=cache, use_cache=True)
+            window_for(cache, ids.shape[1] + rejected.shape[1])
+            model(rejected, past_key_values=cache, use_cache=True)
+            _compat.rewind_static_cache(cache, ids.shape[1])
+            window_for(cache, ids.shape[1] + accepted.shape[1])
+            return model(accepted, past_key_values=cache, use_cache=True).logits
+
+    reference = run(_compat.StaticCache(config=model.config, max_cache_len=64), lambda cache, length: None)
+    for smallest in (4, 16, 64):
+        windows = []
+
+        def window_for(cache, length, smallest=smallest, windows=windows):
+            windows.append(_compat.static_window(length, 64, smallest))
+            for layer in cache.layers:
+                layer.window = windows[-1]
+
+        logits = run(_compat.windowed_static_cache(model.config, 64), window_for)
+        torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
+        assert max(windows) <= 64 and (smallest == 64 or min(windows) < 64), windows

@@ -11,6 +11,8 @@
   probability <= 15 * 2e-6 = 3e-5. The mistake above fails them.
 - Compiled steps are not recompiled after warm-up: across rounds, prompts of other lengths and calls with fewer
   new tokens (the cache is reused when it is large enough).
+- Attention reads a window of each cache that grows with the sequence (4·2^k positions here): the same tokens and
+  statistics, at most two graphs per window, none again once entered; a window short of the round breaks them.
 - What the static loop cannot run is refused in one line naming the fix.
 """
 
@@ -26,7 +28,7 @@ from laws import LAW_CONFIG, PROMPT, chi2_pvalue, outcomes, random_head, tiny_la
 from transformers import CompileConfig
 
 from hf_diversed import TokenClassEnsemble
-from hf_diversed.generation import static_loop
+from hf_diversed.generation import _compat, static_loop
 from hf_diversed.generation.batched import SampleRequest, sample_batched
 
 ALPHA = 2e-6
@@ -157,6 +159,102 @@ def _break(monkeypatch, draft, mistake: str) -> None:
             return (logits if self.model is draft else logits.roll(-1, dims=1)), hidden
 
         monkeypatch.setattr(static_loop._Stepper, "__call__", call)
+
+
+# ------------------------------------------------------------------------------------- attention windows
+
+
+def _small_windows(monkeypatch) -> list[int]:
+    """Windows of 4·2^k positions (so that tiny generations cross several); returns the windows set, in order."""
+    monkeypatch.setattr(_compat, "WINDOW_MIN", 4)
+    seen, original = [], _compat.set_static_window
+
+    def record(cache, length):
+        window = original(cache, length)
+        seen.append(window)
+        return window
+
+    monkeypatch.setattr(_compat, "set_static_window", record)
+    return seen
+
+
+@pytest.mark.parametrize("rule", ["exact", "static:0.5", "diversed", "cascade-opt:0.1"])
+def test_windows_grow_with_the_sequence_and_keep_its_tokens(pair, monkeypatch, rule):
+    """Attention over windows of 4, 8, 16, 32, ... positions (eager, then Dynamo-traced) emits the dynamic loop's
+    tokens and statistics, the windows covering each round as the sequence grows."""
+    seen = _small_windows(monkeypatch)
+    torch._dynamo.reset()
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True, dynamic=False)
+    for i, ids in enumerate(prompts(2, seed=0)):
+        for num_tokens, extra in ((1, {}), (3, {}), (3, dict(compile_config=config))):
+            expected = _generate(pair, ids, rule, num_tokens, static=False, do_sample=False, max_new_tokens=30)
+            del seen[:]
+            actual = _generate(pair, ids, rule, num_tokens, static=True, do_sample=False, max_new_tokens=30, **extra)
+            _assert_same(expected, actual, f"windows, {rule}, N={num_tokens}, prompt {i}, {extra}")
+            assert len(set(seen)) >= 3, seen  # e.g. 8, 16, 32, then the cache's length
+
+
+def test_a_window_short_of_the_round_breaks_greedy_identity(pair, monkeypatch):
+    """A window that leaves out the round's last position (attention misses the newest keys) changes the tokens."""
+    _small_windows(monkeypatch)
+    original = static_loop._Stepper.reach
+    monkeypatch.setattr(static_loop._Stepper, "reach", lambda self, length: original(self, length - 1))
+    monkeypatch.setattr(
+        _compat, "static_window", lambda length, max_cache_len, smallest=None: min(length, max_cache_len)
+    )
+    differs = False
+    for ids in prompts(3, seed=5):
+        expected = _generate(pair, ids, "static:0.5", 3, static=False, do_sample=False, max_new_tokens=24)
+        actual = _generate(pair, ids, "static:0.5", 3, static=True, do_sample=False, max_new_tokens=24)
+        differs |= not torch.equal(expected[0], actual[0])
+    assert differs
+
+
+def test_each_window_compiles_once(pair, monkeypatch):
+    """Every (window, step shape) is one graph, compiled when a call first runs it and reused after: over calls with
+    prompts of other lengths, rules and numbers of new tokens, at most 2 graphs (the draft's step, the
+    verification) per window entered, not one per round or per call."""
+    seen = _small_windows(monkeypatch)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True, dynamic=False)
+    calls = [
+        (ids, rule, new)
+        for ids in prompts(3, length=4, seed=9)
+        for rule, new in (("exact", 36), ("cascade-opt:0.1", 17))
+    ]
+    rounds = 0
+    for i, (ids, rule, new) in enumerate([(prompts(1, length=5, seed=3)[0], "static:0.5", 40), *calls]):
+        expected = _generate(pair, ids, rule, 3, static=False, do_sample=False, max_new_tokens=new)
+        actual = _generate(pair, ids, rule, 3, static=True, do_sample=False, max_new_tokens=new, compile_config=config)
+        _assert_same(expected, actual, f"windows compiled, call {i}, {rule}, {new} tokens")
+        rounds += actual[1].num_rounds
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert len(set(seen)) >= 3 and rounds > 4 * len(set(seen)), (seen, rounds)
+    assert 2 <= graphs <= 2 * len(set(seen)), (graphs, sorted(set(seen)))
+
+
+def test_windows_compiled_ahead_leave_nothing_to_compile(pair, monkeypatch):
+    """``compile_windows`` compiles every window's steps up front: generations of several lengths on those caches
+    then compile nothing (the head's variants too)."""
+    seen = _small_windows(monkeypatch)
+    target, draft, _ = pair
+    torch._dynamo.reset()
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True, dynamic=False)
+    for hidden in (False, True):
+        windows = static_loop.compile_windows(target, draft, 48, 3, config, hidden=hidden)
+        assert windows[0] == 8 and windows[-1] == 48 + 3 + 1, windows
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    del seen[:]
+    for i, ids in enumerate(prompts(2, length=5, seed=0)):
+        for rule, new in (("static:0.5", 40), ("diversed", 30)):
+            expected = _generate(pair, ids, rule, 3, static=False, do_sample=False, max_new_tokens=new)
+            actual = _generate(
+                pair, ids, rule, 3, static=True, do_sample=False, max_new_tokens=new, compile_config=config,
+                max_cache_len=48,
+            )  # fmt: skip
+            _assert_same(expected, actual, f"compiled ahead, prompt {i}, {rule}")
+    assert len(set(seen)) >= 3, seen
 
 
 # ------------------------------------------------------------------------------------------------ laws

@@ -17,8 +17,10 @@ What is patched, and when:
 Not patches: ``apply_draft_warpers_once`` edits one ``AssistedCandidateGenerator``'s private generation
 config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once; the static-cache
 loop sets ``StaticLayer.cumulative_length`` (the cache's write position) back to roll a rejected draft back
-(``rewind_static_cache``); the benchmarks set ``CompileConfig._compile_all_devices`` so that transformers' own
-static-cache ``generate`` compiles on a CPU too (``compile_on_every_device``).
+(``rewind_static_cache``) and its caches' layers attend over a window of their positions
+(``WindowedStaticLayer``, a subclass of transformers' ``StaticLayer``); the benchmarks set
+``CompileConfig._compile_all_devices`` so that transformers' own static-cache ``generate`` compiles on a CPU too
+(``compile_on_every_device``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 import transformers
 from packaging.version import Version
-from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache, StaticLayer
 from transformers.generation import (
     AssistedCandidateGenerator,
     CandidateGenerator,
@@ -79,8 +81,12 @@ __all__ = [
     "prepare_attention_mask",
     "prepare_position_ids",
     "prepare_token_type_ids",
+    "WindowedStaticLayer",
     "rewind_static_cache",
+    "set_static_window",
     "static_cache",
+    "static_window",
+    "windowed_static_cache",
     "slot_cache",
     "split_model_outputs",
     "supports_logits_to_keep",
@@ -446,16 +452,43 @@ def cache_drop_leading(cache, n: int) -> None:
 
 _STATIC_CACHE_ATTR = "_hf_diversed_static_cache"
 
+# The smallest attention window of the loop's static caches; windows are WINDOW_MIN * 2**k, capped at the cache's
+# length, so a generation of L positions runs at most 1 + log2(L / WINDOW_MIN) graphs per step shape.
+WINDOW_MIN = 256
+
+
+class WindowedStaticLayer(StaticLayer):
+    """A ``StaticLayer`` whose attention reads only its first ``window`` positions.
+
+    Writes go to the whole buffer as in ``StaticLayer``; ``update`` returns the views ``keys[:, :, :window]`` and
+    ``values[:, :, :window]`` and the causal mask is ``window`` wide. Attention over a static cache costs its length
+    at every step (the mask hides what is not written, it does not skip it), so a window just past the written
+    positions makes a step's cost follow the sequence, as a dynamic cache's does, with static shapes: ``window``
+    is a Python int, so each value is one compiled graph (Dynamo guards on it), and no buffer moves.
+    """
+
+    def __init__(self, max_cache_len: int, **kwargs):
+        super().__init__(max_cache_len, **kwargs)
+        self.window = max_cache_len
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        return keys[:, :, : self.window], values[:, :, : self.window]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.window, 0
+
 
 def static_cache(model, max_cache_len: int) -> StaticCache:
-    """A full-attention ``StaticCache`` of at least ``max_cache_len`` positions for ``model``, rewound to 0.
+    """A full-attention ``StaticCache`` of at least ``max_cache_len`` positions for ``model``, rewound to 0, whose
+    layers are :class:`WindowedStaticLayer` (window: the whole cache until :func:`set_static_window`).
 
     Kept on the model and reused by later calls that fit in it (as ``generate`` keeps its own static cache): the
     buffers keep their addresses, so compiled steps and CUDA graphs recorded on them stay valid.
     """
     cache = getattr(model, _STATIC_CACHE_ATTR, None)
     if cache is None or cache.layers[0].max_cache_len < max_cache_len:
-        cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        cache = windowed_static_cache(model.config, max_cache_len)
         sliding = [type(layer).__name__ for layer in cache.layers if getattr(layer, "is_sliding", False)]
         if sliding:
             raise ValueError(
@@ -466,6 +499,36 @@ def static_cache(model, max_cache_len: int) -> StaticCache:
         setattr(model, _STATIC_CACHE_ATTR, cache)
     rewind_static_cache(cache, 0)
     return cache
+
+
+def windowed_static_cache(config, max_cache_len: int) -> StaticCache:
+    """A new ``StaticCache`` of ``max_cache_len`` positions whose full-attention layers are
+    :class:`WindowedStaticLayer`, as the static loop runs them (sliding-window layers stay as they are, for the
+    loop to refuse; measurements of its forwards build their caches here, the loop uses :func:`static_cache`)."""
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    cache.layers = [
+        layer if getattr(layer, "is_sliding", False) else WindowedStaticLayer(max_cache_len=max_cache_len)
+        for layer in cache.layers
+    ]
+    return cache
+
+
+def static_window(length: int, max_cache_len: int, smallest: int | None = None) -> int:
+    """The attention window for ``length`` positions: the smallest ``smallest * 2**k >= length`` (``smallest``
+    defaults to :data:`WINDOW_MIN`), capped at ``max_cache_len``."""
+    window = smallest or WINDOW_MIN
+    while window < length:
+        window *= 2
+    return min(window, max_cache_len)
+
+
+def set_static_window(cache: StaticCache, length: int) -> int:
+    """Let the next forwards on ``cache`` attend over ``static_window(length)`` positions (they must not write past
+    ``length``); returns the window."""
+    window = static_window(length, cache.layers[0].max_cache_len)
+    for layer in cache.layers:
+        layer.window = window
+    return window
 
 
 def rewind_static_cache(cache: StaticCache, length: int) -> None:
@@ -504,4 +567,6 @@ def private_signatures() -> dict[str, inspect.Signature]:
         "_prepare_special_tokens": inspect.signature(GenerationMixin._prepare_special_tokens),
         "_get_logits_processor": inspect.signature(GenerationMixin._get_logits_processor),
         "use_gqa_in_sdpa": inspect.signature(original_use_gqa_in_sdpa),
+        "StaticLayer.update": inspect.signature(StaticLayer.update),
+        "StaticLayer.get_mask_sizes": inspect.signature(StaticLayer.get_mask_sizes),
     }

@@ -8,6 +8,9 @@ round runs on the device:
   until then), never by re-allocating or cropping;
 - fixed shapes: a draft step is one token, a verification N + 1 tokens (positions a short last round does not
   draft are padding whose outputs are dropped); the prompt's prefill is separate and eager;
+- attention reads a window of each cache, not the whole of it: the first 256·2^k positions that cover the round
+  (``_compat.WindowedStaticLayer``), so a step costs what its sequence needs; each window is its own compiled
+  graph (at most 1 + log2(cache length / 256) of them per step shape), entered as the sequence grows;
 - the verdict (rule, head, residual, bonus) is computed on the device by the same ``VerificationRule.verify``;
   the host reads one small tensor per round (accepted count, emitted count, statistics);
 - the draft step and the verification are compiled with ``model.get_compiled_call(compile_config)`` (transformers'
@@ -119,6 +122,7 @@ class _Stepper:
         self.cache = _compat.static_cache(model, max_cache_len)
         self.compiled = compiled_forward(model, compile_config) if compiled else None
         self.hidden = hidden
+        self.window: int | None = None
 
     def prefill(self, input_ids: torch.Tensor) -> None:
         kwargs = {"logits_to_keep": 1} if _compat.supports_logits_to_keep(self.model) else {}
@@ -136,6 +140,37 @@ class _Stepper:
 
     def rewind(self, length: int) -> None:
         _compat.rewind_static_cache(self.cache, length)
+
+    def reach(self, length: int) -> None:
+        """Let the next forwards attend over a window of the cache covering its first ``length`` positions."""
+        if self.window is None or self.window < length:
+            self.window = _compat.set_static_window(self.cache, length)
+
+
+@torch.no_grad()
+def compile_windows(model, draft, max_cache_len: int, num_assistant_tokens: int, compile_config, hidden: bool = False):
+    """Compile the loop's steps for every attention window ahead of time; returns the windows.
+
+    ``generate(..., cache_implementation="static", compile_config=compile_config, max_cache_len=max_cache_len,
+    num_assistant_tokens=N)`` runs on caches of ``max_cache_len + N + 1`` positions and enters a new window (a new
+    graph) as its sequence grows; this runs the compiled draft step (1 token) and verification (N + 1 tokens) once per
+    window on those caches, as the loop calls them, so that such calls compile nothing (the warm-up paid up front, as
+    a server captures its graphs at start-up). ``hidden=True`` compiles the head's variants (hidden states returned).
+    """
+    n = num_assistant_tokens
+    steppers = [(_Stepper(draft, max_cache_len + n + 1, compile_config, True, hidden), 1),
+                (_Stepper(model, max_cache_len + n + 1, compile_config, True, hidden), n + 1)]  # fmt: skip
+    windows = set()
+    with _compat.grouped_attention_on_cpu():
+        for stepper, width in steppers:
+            length = stepper.cache.layers[0].max_cache_len  # a larger cache kept from an earlier call is reused
+            for window in sorted({_compat.static_window(k, length) for k in range(n + 2, length + 1)}):
+                stepper.reach(window)
+                stepper.rewind(window - width)
+                stepper(torch.zeros((1, width), dtype=torch.long, device=stepper.model.device), eager=False)
+                windows.add(window)
+            stepper.rewind(0)
+    return sorted(windows)
 
 
 def _process(logits_processor, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -189,6 +224,8 @@ def static_assisted_decoding(
     do_sample = generation_config.do_sample
 
     cur = input_ids.shape[1]
+    for stepper in (target, drafter):
+        stepper.reach(cur + n)
     if cur > 1:
         target.prefill(input_ids[:, :-1])
         drafter.prefill(input_ids[:, :-1].to(draft.device))
@@ -199,6 +236,8 @@ def static_assisted_decoding(
     eager = True
     while cur < max_length:
         n_round = min(n, max_length - cur - 1)
+        target.reach(cur + n)  # the round writes positions up to cur - 1 + n in either cache
+        drafter.reach(cur + n)
         # 1. Draft N_r tokens, one fixed-shape step each.
         if pending is not None:
             drafter(pending.to(draft.device), eager)

@@ -55,6 +55,16 @@ def _fastest_time(fn, repeats: int) -> float:
     return min(times)
 
 
+def fastest_interleaved(fns: dict, repeats: int) -> dict:
+    """:func:`_fastest_time` of each of ``fns`` (name -> callable), timed in turn ``repeats`` times round-robin:
+    a machine whose speed drifts over minutes (a shared host) slows every one of them alike, not the last ones."""
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            best[name] = min(best[name], _fastest_time(fn, 1))
+    return best
+
+
 def _seconds_per_token(model, input_ids, short: int, long: int, repeats: int, **generate_kwargs) -> float:
     """Marginal decode cost of a plain greedy ``generate`` of ``model`` alone (prefill cancels out); extra
     ``generate_kwargs`` (e.g. a static cache and a compile config) select how it decodes."""
@@ -124,14 +134,18 @@ def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, 
     ``target_alone_seconds_per_token``: transformers' static-cache compiled ``generate`` of the target alone (the
     baseline); ``draft_step_seconds``, ``target_step_seconds``, ``verify_seconds``: one compiled forward of the draft
     over 1 token and of the target over 1 and N + 1 tokens on a static cache of ``cache_len`` positions (default: just
-    enough) after ``input_ids``; c and v from them. Pass the cache length the loop runs with: a compiled step attends
-    over the whole static cache, so a longer one costs more at the same position.
+    enough) after ``input_ids``, attending over the window the loop uses there; c and v from them.
     """
     import torch
     import torch._dynamo
-    from transformers import StaticCache
 
-    from ...generation._compat import compile_on_every_device, grouped_attention_on_cpu, rewind_static_cache
+    from ...generation._compat import (
+        compile_on_every_device,
+        grouped_attention_on_cpu,
+        rewind_static_cache,
+        set_static_window,
+        windowed_static_cache,
+    )
     from ...generation.static_loop import RECOMPILE_LIMIT, compiled_forward
 
     kwargs = {"cache_implementation": "static", "compile_config": compile_on_every_device(compile_config)}
@@ -143,7 +157,8 @@ def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, 
 
     def forward_seconds(model, k: int) -> float:
         call = compiled_forward(model, compile_config)
-        cache = StaticCache(config=model.config, max_cache_len=max(cache_len or 0, length + n + 2))
+        cache = windowed_static_cache(model.config, max(cache_len or 0, length + n + 2))
+        set_static_window(cache, length + n + 1)
         tokens = input_ids[:, -1:].repeat(1, k).to(model.device)
         with torch.no_grad(), grouped_attention_on_cpu():
             model(input_ids.to(model.device), past_key_values=cache, use_cache=True)
