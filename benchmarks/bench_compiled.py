@@ -25,6 +25,7 @@ import torch
 import torch._dynamo
 from transformers import CompileConfig
 
+from hf_diversed import compile_windows
 from hf_diversed.evaluation.bench.costs import (
     measure_compiled_costs,
     measure_costs,
@@ -36,7 +37,7 @@ from hf_diversed.evaluation.models import load_pair
 from hf_diversed.evaluation.real_models import DRAFT_NAME, TARGET_NAME
 from hf_diversed.evaluation.tasks import get_task
 from hf_diversed.generation import _compat
-from hf_diversed.generation.static_loop import RECOMPILE_LIMIT, compile_windows
+from hf_diversed.generation.static_loop import RECOMPILE_LIMIT
 from hf_diversed.modeling.dtypes import cpu_capability, resolve_dtype
 from hf_diversed.modeling.hub import load_head
 from hf_diversed.modeling.pretrained import head_for_task, seed_pretrained_heads
@@ -158,7 +159,10 @@ def main() -> None:
                         ahead = 0.0
                         if mode == "compiled" and spec != "ar":  # every attention window the timed calls enter
                             start = time.perf_counter()
-                            compile_windows(target, draft, cache_len, n, config, hidden=spec == "diversed")
+                            compile_windows(
+                                target, draft, max_cache_len=cache_len, num_assistant_tokens=n, compile_config=config,
+                                diversed_head=head if spec == "diversed" else None,
+                            )  # fmt: skip
                             ahead = time.perf_counter() - start
                         first = (
                             ahead

@@ -1,8 +1,8 @@
 """The static-cache, compiled speculative loop: `cache_implementation="static"` plus a `compile_config`.
 
-Same tokens as the default (dynamic-cache) loop; the draft step and the verification are compiled once and
-reused across rounds, prompts and calls. On tiny random models (runs offline; the first compiled call takes a
-little while on a CPU, as torch.compile does).
+Same tokens as the default (dynamic-cache) loop; the draft step and the verification are compiled once per
+attention window (ahead of time here, with ``compile_windows``) and reused across rounds, prompts and calls. On
+tiny random models (runs offline; compiling takes a little while on a CPU, as torch.compile does).
 
 python examples/compiled_generation.py
 """
@@ -13,7 +13,7 @@ import torch
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 import hf_diversed  # noqa: F401  (teaches generate the DIVERSED arguments)
-from hf_diversed import DiversedHead
+from hf_diversed import DiversedHead, compile_windows
 
 
 def tiny_llama(hidden: int, seed: int) -> LlamaForCausalLM:
@@ -39,6 +39,14 @@ common = dict(assistant_model=draft, diversed_head=head, num_assistant_tokens=4,
 common["max_cache_len"] = 64  # caches sized for the longest call: later calls reuse the compiled steps
 # On a GPU use the default CompileConfig() (mode="reduce-overhead": CUDA graphs); on a CPU the inductor's default mode.
 compile_config = CompileConfig(mode="default", fullgraph=True, dynamic=False)
+
+# Attention reads a window of each static cache (256·2^k positions, one graph each) that grows with the sequence.
+# Compiling every window up front means no call compiles mid-generation (here the caches fit in one window).
+windows = compile_windows(
+    target, draft, max_cache_len=common["max_cache_len"], num_assistant_tokens=common["num_assistant_tokens"],
+    compile_config=compile_config, diversed_head=head,
+)  # fmt: skip
+print(f"compiled ahead for attention windows {windows}")
 
 for prompt in ([5, 17, 42, 9, 77], [3, 8, 13, 21, 34, 55, 89]):
     inputs = torch.tensor([prompt])

@@ -12,6 +12,7 @@ from .generation.api import decoding_loop, diversed_generate, last_stats
 from .generation.batched import SamplerConfig, SampleRequest, sample_batched
 from .generation.candidate_generator import DiversedCandidateGenerator
 from .generation.decoding import DiversedGenerateOutput
+from .generation.static_loop import compile_windows
 from .generation.stats import DiversedStats
 from .generation.verification import (
     Diversed,
@@ -45,6 +46,7 @@ __all__ = [
     "StaticEnsemble",
     "TokenClassEnsemble",
     "VerificationRule",
+    "compile_windows",
     "last_stats",
     "load_head",
     "parse_rule",

@@ -667,6 +667,25 @@ def test_grouped_attention_benchmark_runs_on_tiny_configs(tmp_path, monkeypatch,
     assert "| 16 |" in capsys.readouterr().out
 
 
+def test_weight_floor_benchmark_counts_every_linear_layer_of_a_decode_step(tmp_path, monkeypatch, capsys):
+    """benchmarks/bench_weight_floor.py on a tiny config: the weights it reads are exactly the model's linear layers
+    (attention projections, MLP, LM head), and it times the three floors."""
+    import runpy
+
+    model = chat_model(chat_tokenizer(["tiny"]), seed=0)
+    tiny, out = tmp_path / "tiny.json", tmp_path / "out.json"
+    tiny.write_text(json.dumps(model.config.to_dict()))
+    script = ROOT / "benchmarks" / "bench_weight_floor.py"
+    argv = [str(script), "--config", str(tiny), "--dtype", "float32", "--repeats", "2", "--output", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(script), run_name="__main__")
+    record = json.loads(out.read_text())
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert record["weight_bytes"] == 4 * linear
+    assert set(record["seconds"]) == {"streaming read", "F.linear, M = 1", "oneDNN blocked, M = 1"}
+    assert "| streaming read |" in capsys.readouterr().out
+
+
 def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_row(
     setup, tmp_path, monkeypatch, capsys
 ):

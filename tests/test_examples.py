@@ -19,7 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
         ("batched_sampling.py", ["prompt 1 diversed", "generate, prompt 0 diversed"]),
         ("trim_draft_vocabulary.py", ["kept 8 of 64 ids", "exact     :", "proposes from its kept ids: Trimmed"]),
         ("train_head_tiny.py", ["untrained head: acceptance", "trained   head: acceptance", "model card"]),
-        ("compiled_generation.py", ["same tokens as the dynamic loop: True", "static cache, eager:"]),
+        (
+            "compiled_generation.py",
+            [
+                "compiled ahead for attention windows [69]",
+                "same tokens as the dynamic loop: True",
+                "static cache, eager:",
+            ],
+        ),
     ],
 )
 def test_example_runs(script, expected):

@@ -27,7 +27,7 @@ from conftest import DEVICE, EOS, build_pair, build_tiny, prompts
 from laws import LAW_CONFIG, PROMPT, chi2_pvalue, outcomes, random_head, tiny_law_model
 from transformers import CompileConfig
 
-from hf_diversed import TokenClassEnsemble
+from hf_diversed import TokenClassEnsemble, compile_windows
 from hf_diversed.generation import _compat, static_loop
 from hf_diversed.generation.batched import SampleRequest, sample_batched
 
@@ -234,16 +234,22 @@ def test_each_window_compiles_once(pair, monkeypatch):
     assert 2 <= graphs <= 2 * len(set(seen)), (graphs, sorted(set(seen)))
 
 
-def test_windows_compiled_ahead_leave_nothing_to_compile(pair, monkeypatch):
-    """``compile_windows`` compiles every window's steps up front: generations of several lengths on those caches
-    then compile nothing (the head's variants too)."""
+def test_windows_compiled_ahead_leave_nothing_to_compile(monkeypatch):
+    """``hf_diversed.compile_windows`` compiles every window's steps up front: generations of several lengths on
+    those caches then compile nothing (the head's variants too)."""
     seen = _small_windows(monkeypatch)
-    target, draft, _ = pair
+    target, draft = build_pair("llama")  # new models: nothing has run on them yet (no output hooks installed)
+    for model in (target, draft):
+        model.generation_config.pad_token_id = model.generation_config.eos_token_id
+    head = random_head(target, draft).to(DEVICE)
+    pair = (target, draft, head)
     torch._dynamo.reset()
     config = CompileConfig(backend="eager", mode=None, fullgraph=True, dynamic=False)
-    for hidden in (False, True):
-        windows = static_loop.compile_windows(target, draft, 48, 3, config, hidden=hidden)
-        assert windows[0] == 8 and windows[-1] == 48 + 3 + 1, windows
+    for with_head in (head, None):
+        windows = compile_windows(
+            target, draft, max_cache_len=48, num_assistant_tokens=3, compile_config=config, diversed_head=with_head
+        )
+        assert windows == [8, 16, 32, 48 + 3 + 1], windows
     monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     del seen[:]
     for i, ids in enumerate(prompts(2, length=5, seed=0)):

@@ -148,26 +148,33 @@ class _Stepper:
 
 
 @torch.no_grad()
-def compile_windows(model, draft, max_cache_len: int, num_assistant_tokens: int, compile_config, hidden: bool = False):
-    """Compile the loop's steps for every attention window ahead of time; returns the windows.
+def compile_windows(
+    model, assistant_model, *, max_cache_len: int, num_assistant_tokens: int, compile_config, diversed_head=None
+) -> list[int]:
+    """Compile the static loop's steps for every attention window ahead of time; returns the windows.
 
-    ``generate(..., cache_implementation="static", compile_config=compile_config, max_cache_len=max_cache_len,
-    num_assistant_tokens=N)`` runs on caches of ``max_cache_len + N + 1`` positions and enters a new window (a new
-    graph) as its sequence grows; this runs the compiled draft step (1 token) and verification (N + 1 tokens) once per
-    window on those caches, as the loop calls them, so that such calls compile nothing (the warm-up paid up front, as
-    a server captures its graphs at start-up). ``hidden=True`` compiles the head's variants (hidden states returned).
+    ``model.generate(..., assistant_model=assistant_model, cache_implementation="static", compile_config=...,
+    max_cache_len=max_cache_len, num_assistant_tokens=N)`` runs on caches of ``max_cache_len + N + 1`` positions and
+    enters a new attention window (one more compiled graph) as its sequence grows. This runs the compiled draft step
+    (1 token) and verification (N + 1 tokens) once per window on those caches, as the loop calls them, so that such
+    calls compile nothing (the warm-up paid up front, as a server captures its graphs at start-up). Pass the
+    ``diversed_head`` the calls will pass (or any head): with a head the steps also return hidden states, which are
+    other graphs; the head itself runs outside them.
     """
-    n = num_assistant_tokens
-    steppers = [(_Stepper(draft, max_cache_len + n + 1, compile_config, True, hidden), 1),
+    n, hidden = num_assistant_tokens, diversed_head is not None
+    steppers = [(_Stepper(assistant_model, max_cache_len + n + 1, compile_config, True, hidden), 1),
                 (_Stepper(model, max_cache_len + n + 1, compile_config, True, hidden), n + 1)]  # fmt: skip
     windows = set()
     with _compat.grouped_attention_on_cpu():
         for stepper, width in steppers:
             length = stepper.cache.layers[0].max_cache_len  # a larger cache kept from an earlier call is reused
+            tokens = torch.zeros((1, width), dtype=torch.long, device=stepper.model.device)
+            stepper.reach(width)
+            stepper(tokens, eager=True)  # as the loop's first round: installs transformers' output hooks
             for window in sorted({_compat.static_window(k, length) for k in range(n + 2, length + 1)}):
                 stepper.reach(window)
                 stepper.rewind(window - width)
-                stepper(torch.zeros((1, width), dtype=torch.long, device=stepper.model.device), eager=False)
+                stepper(tokens, eager=False)
                 windows.add(window)
             stepper.rewind(0)
     return sorted(windows)
