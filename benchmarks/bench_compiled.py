@@ -2,7 +2,9 @@
 
 For each task (Table 1's first rows), each prompt and each method (the target alone, exact SD, static 0.5, the task's
 bundled head), eager (dynamic cache, the default ``generate``) and compiled (``cache_implementation="static"`` with a
-``compile_config``; the target alone through transformers' own static-cache compiled ``generate``), interleaved:
+``compile_config``; the target alone through transformers' own static-cache compiled ``generate``; on a CPU with
+every linear layer on oneDNN's blocked weights, ``pack_linear_weights``, unless ``--no-pack``: a second copy of the
+pair, so eager runs the models as loaded), interleaved:
 tokens/s, acceptance, tokens per round τ, and the τ model's prediction τ / (N·c + v) from the per-token costs
 measured in the same mode in the same run. Warm-up (the first call's extra time, compilation included, and for the
 compiled loop the compilation of every attention window ahead, ``compile_windows``) is recorded per mode and
@@ -25,7 +27,7 @@ import torch
 import torch._dynamo
 from transformers import CompileConfig
 
-from hf_diversed import compile_windows
+from hf_diversed import compile_windows, pack_linear_weights
 from hf_diversed.evaluation.bench.costs import (
     measure_compiled_costs,
     measure_costs,
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per cost measurement (fastest kept)")
     parser.add_argument("--freezing", action="store_true", help="inductor freezing (weights folded as constants)")
+    parser.add_argument("--no-pack", action="store_true", help="compiled: leave the linear weights unpacked (CPU)")
     parser.add_argument("--output-dir", default="docs/compiled/bench")
     args = parser.parse_args()
 
@@ -115,12 +118,18 @@ def main() -> None:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dtype = resolve_dtype(args.dtype)
+    pack = not args.no_pack and not torch.cuda.is_available()
     machine = {"cpu": cpu_capability(), "threads": torch.get_num_threads(), "dtype": dtype, "torch": torch.__version__,
-               "platform": platform.platform(), "freezing": args.freezing, "max_new_tokens": args.max_new_tokens,
-               "num_assistant_tokens": args.num_assistant_tokens, "temperature": args.temperature,
+               "platform": platform.platform(), "freezing": args.freezing, "packed": pack,
+               "max_new_tokens": args.max_new_tokens, "num_assistant_tokens": args.num_assistant_tokens,
+               "temperature": args.temperature,
                "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}  # fmt: skip
     tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, dtype))
-    for model in (target, draft):
+    pair = {"eager": (target, draft), "compiled": (target, draft)}
+    if pack:
+        _, *compiled_pair = load_pair(args.target, args.draft, getattr(torch, dtype))
+        pair["compiled"] = tuple(pack_linear_weights(model) for model in compiled_pair)
+    for model in {*pair["eager"], *pair["compiled"]}:
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     seed_pretrained_heads()
     config = compile_config(args)
@@ -155,24 +164,25 @@ def main() -> None:
                 for spec in METHODS:
                     method, short = Method(spec), {**common, "max_new_tokens": 16}
                     kwargs = mode_kwargs(method, mode, config, cache_len)
+                    lm, assistant = pair[mode]
                     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                         ahead = 0.0
                         if mode == "compiled" and spec != "ar":  # every attention window the timed calls enter
                             start = time.perf_counter()
                             compile_windows(
-                                target, draft, max_cache_len=cache_len, num_assistant_tokens=n, compile_config=config,
+                                lm, assistant, max_cache_len=cache_len, num_assistant_tokens=n, compile_config=config,
                                 diversed_head=head if spec == "diversed" else None,
                             )  # fmt: skip
                             ahead = time.perf_counter() - start
                         first = (
                             ahead
-                            + timed_generate(target, draft, prompts[0], method, head=head, **short, **kwargs).seconds
+                            + timed_generate(lm, assistant, prompts[0], method, head=head, **short, **kwargs).seconds
                         )
-                        again = timed_generate(target, draft, prompts[0], method, head=head, **short, **kwargs).seconds
+                        again = timed_generate(lm, assistant, prompts[0], method, head=head, **short, **kwargs).seconds
                     info["warm_up_seconds"][f"{spec} {mode}"] = first - again
                     print(f"{task_name}: warm-up {spec} {mode}: {first - again:.1f}s", flush=True)
             info["costs"] = {
-                mode: costs(target, draft, prompts[0], n, mode, config, args.repeats, cache_len) for mode in MODES
+                mode: costs(*pair[mode], prompts[0], n, mode, config, args.repeats, cache_len) for mode in MODES
             }
             print(f"{task_name}: costs {json.dumps(info['costs'])}", flush=True)
             setup["tasks"][task_name] = info
@@ -187,8 +197,7 @@ def main() -> None:
                 method = Method(spec)
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # transformers' own compiled loop
                     record = timed_generate(
-                        target,
-                        draft,
+                        *pair[mode],
                         ids_,
                         method,
                         head=head,

@@ -13,7 +13,7 @@ import torch
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 import hf_diversed  # noqa: F401  (teaches generate the DIVERSED arguments)
-from hf_diversed import DiversedHead, compile_windows
+from hf_diversed import DiversedHead, compile_windows, pack_linear_weights
 
 
 def tiny_llama(hidden: int, seed: int) -> LlamaForCausalLM:
@@ -60,3 +60,11 @@ for prompt in ([5, 17, 42, 9, 77], [3, 8, 13, 21, 34, 55, 89]):
 # Without a compile_config on a CPU (or with disable_compile=True) the same loop runs eagerly on static caches.
 eager = target.generate(torch.tensor([[5, 17, 42, 9, 77]]), cache_implementation="static", **common)
 print("static cache, eager:", eager[0].tolist())
+
+# On a CPU, linear layers on oneDNN's blocked weights make each step 1.3-2x faster (bf16 or fp32; in place, and
+# they compile). The same tokens, up to the summation order of another matmul kernel.
+if torch.backends.mkldnn.is_available():
+    reference = target.generate(torch.tensor([[5, 17, 42, 9, 77]]), **common)
+    pack_linear_weights(target), pack_linear_weights(draft)
+    packed = target.generate(torch.tensor([[5, 17, 42, 9, 77]]), cache_implementation="static", **common)
+    print(f"packed linear weights, same tokens: {torch.equal(reference, packed)}")

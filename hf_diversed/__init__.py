@@ -28,6 +28,7 @@ from .modeling.configuration_diversed_head import DiversedHeadConfig
 from .modeling.draft_vocabulary import trim_draft_vocabulary
 from .modeling.hub import load_head
 from .modeling.modeling_diversed_head import DiversedHead
+from .modeling.packed_linear import pack_linear_weights
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "compile_windows",
     "last_stats",
     "load_head",
+    "pack_linear_weights",
     "parse_rule",
     "sample_batched",
     "trim_draft_vocabulary",

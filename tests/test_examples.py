@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
                 "compiled ahead for attention windows [69]",
                 "same tokens as the dynamic loop: True",
                 "static cache, eager:",
+                "packed linear weights, same tokens: True",
             ],
         ),
     ],

@@ -6,6 +6,7 @@
 - ``model_card.py``: model cards of head repositories.
 - ``dtypes.py``: which dtype to run the language models in (``--dtype auto``).
 - ``draft_vocabulary.py``: a draft LM head trimmed to K token ids (``trim_draft_vocabulary``).
+- ``packed_linear.py``: linear layers on oneDNN's blocked weights for CPU decoding (``pack_linear_weights``).
 
 Nothing here imports :mod:`hf_diversed.generation`, :mod:`hf_diversed.evaluation`, :mod:`hf_diversed.trainer`
 or :mod:`hf_diversed.cli`.
