@@ -6,8 +6,9 @@ round runs on the device:
 - target and draft each write into a ``StaticCache`` sized for the whole generation plus one round; a rejected
   draft is rolled back by setting the cache's position back (later writes overwrite it, the causal mask hides it
   until then), never by re-allocating or cropping;
-- fixed shapes: a draft step is one token, a verification N + 1 tokens (positions a short last round does not
-  draft are padding whose outputs are dropped); the prompt's prefill is separate and eager;
+- fixed shapes: a draft step is one token (two after a fully accepted round), a verification N + 1 tokens
+  (positions a short last round does not draft are padding whose outputs are dropped); the prompt's prefill is
+  separate and eager;
 - attention reads a window of each cache, not the whole of it: the first 256·2^k positions that cover the round
   (``_compat.WindowedStaticLayer``), so a step costs what its sequence needs; each window is its own compiled
   graph (at most 1 + log2(cache length / 256) of them per step shape), entered as the sequence grows;
@@ -24,7 +25,8 @@ Round r with ``last`` the newest token (in neither cache) and N_r = min(N, max_l
     target:  feed [last, x_1, ..., x_N] once -> p_1 .. p_{N+1}                     (cache: + N + 1 positions)
     verdict: rule.verify(x_{1..N_r}, q_{1..N_r}, p_{1..N_r+1}) -> k accepted, then y
     emit x_1..x_k, y (cropped at the first EOS and at max_length); both caches rewound to cur + k
-    (after a fully accepted round the draft feeds x_{N_r} first, next round: its cache lacks it)
+    (after a fully accepted round the draft's cache lacks x_{N_r}: the next round's first draft step feeds the two
+    tokens [x_{N_r}, y] at once, a second step shape, as the dynamic loop's draft does, instead of one more step)
 
 What the dynamic loop does and this one does not, refused with the fix named: sliding-window caches, logits
 processors that read the generated text (repetition penalty, n-gram blocking, ...), a draft-length schedule
@@ -155,26 +157,26 @@ def compile_windows(
 
     ``model.generate(..., assistant_model=assistant_model, cache_implementation="static", compile_config=...,
     max_cache_len=max_cache_len, num_assistant_tokens=N)`` runs on caches of ``max_cache_len + N + 1`` positions and
-    enters a new attention window (one more compiled graph) as its sequence grows. This runs the compiled draft step
-    (1 token) and verification (N + 1 tokens) once per window on those caches, as the loop calls them, so that such
-    calls compile nothing (the warm-up paid up front, as a server captures its graphs at start-up). Pass the
+    enters a new attention window (one more compiled graph) as its sequence grows. This runs the compiled draft steps
+    (1 and 2 tokens) and verification (N + 1 tokens) once per window on those caches, as the loop calls them, so that
+    such calls compile nothing (the warm-up paid up front, as a server captures its graphs at start-up). Pass the
     ``diversed_head`` the calls will pass (or any head): with a head the steps also return hidden states, which are
     other graphs; the head itself runs outside them.
     """
     n, hidden = num_assistant_tokens, diversed_head is not None
-    steppers = [(_Stepper(assistant_model, max_cache_len + n + 1, compile_config, True, hidden), 1),
-                (_Stepper(model, max_cache_len + n + 1, compile_config, True, hidden), n + 1)]  # fmt: skip
+    steppers = [(_Stepper(assistant_model, max_cache_len + n + 1, compile_config, True, hidden), (1, 2)),
+                (_Stepper(model, max_cache_len + n + 1, compile_config, True, hidden), (n + 1,))]  # fmt: skip
     windows = set()
     with _compat.grouped_attention_on_cpu():
-        for stepper, width in steppers:
+        for stepper, widths in steppers:
             length = stepper.cache.layers[0].max_cache_len  # a larger cache kept from an earlier call is reused
-            tokens = torch.zeros((1, width), dtype=torch.long, device=stepper.model.device)
-            stepper.reach(width)
-            stepper(tokens, eager=True)  # as the loop's first round: installs transformers' output hooks
+            stepper.reach(max(widths))
+            stepper(torch.zeros((1, 1), dtype=torch.long, device=stepper.model.device), eager=True)  # installs hooks
             for window in sorted({_compat.static_window(k, length) for k in range(n + 2, length + 1)}):
                 stepper.reach(window)
-                stepper.rewind(window - width)
-                stepper(tokens, eager=False)
+                for width in widths:
+                    stepper.rewind(window - width)
+                    stepper(torch.zeros((1, width), dtype=torch.long, device=stepper.model.device), eager=False)
                 windows.add(window)
             stepper.rewind(0)
     return sorted(windows)
@@ -245,12 +247,11 @@ def static_assisted_decoding(
         n_round = min(n, max_length - cur - 1)
         target.reach(cur + n)  # the round writes positions up to cur - 1 + n in either cache
         drafter.reach(cur + n)
-        # 1. Draft N_r tokens, one fixed-shape step each.
-        if pending is not None:
-            drafter(pending.to(draft.device), eager)
+        # 1. Draft N_r tokens, one fixed-shape step each (the first feeds [x_N, last] after a fully accepted round).
         token, drafts, q_rows, h_draft = last, [], [], []
-        for _ in range(n_round):
-            logits, h = drafter(token.to(draft.device), eager)
+        for i in range(n_round):
+            feed = torch.cat([pending, last], dim=1) if i == 0 and pending is not None else token
+            logits, h = drafter(feed.to(draft.device), eager)
             scores = _process(logits_processor, input_ids, logits[:, -1].to(input_ids.device))
             if do_sample:
                 token = torch.multinomial(scores.softmax(-1), 1, generator=generator)
