@@ -471,6 +471,48 @@ def test_draft_hidden_states_taken_by_draft_order_fail_after_preemptions(
     assert statistic > chi_square_quantile(df), (statistic, df)
 
 
+def test_seeded_requests_survive_chunked_prefills_with_their_generators_rewound(small_cache_llm, references):
+    """Seeded requests whose prompts do not fit one step's token budget are prefilled in chunks; vLLM samples a
+    token for each partial chunk, discards it and rewinds the request's generator by a CUDA offset, which a CPU
+    generator lacks (unpatched, the engine dies: "CPU Generator does not use offset"). With the plugin every request
+    completes, and a discarded step leaves each such generator where it was before sampling (states read here, not
+    by the plugin)."""
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    seen, moved = [0], []
+    before: dict[int, torch.Tensor] = {}
+    original_sample, original_sync = GPUModelRunner._sample, GPUModelRunner._bookkeeping_sync
+
+    def discarded(runner) -> list[int]:
+        rows = runner.discard_request_mask.np[: runner.input_batch.num_reqs].nonzero()[0]
+        return [int(i) for i in rows if int(i) in runner.input_batch.generators]
+
+    def sample(self, *args, **kwargs):
+        before.clear()
+        before.update({i: self.input_batch.generators[i].get_state() for i in discarded(self)})
+        return original_sample(self, *args, **kwargs)
+
+    def sync(self, *args, **kwargs):
+        out = original_sync(self, *args, **kwargs)
+        seen[0] += len(before)
+        moved.extend(i for i, state in before.items() if not torch.equal(self.input_batch.generators[i].get_state(),
+                                                                           state))  # fmt: skip
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GPUModelRunner, "_sample", sample)
+        patch.setattr(GPUModelRunner, "_bookkeeping_sync", sync)
+        tokenizer = references[1]
+        text = tokenizer(" ".join(TEXTS[:30]))["input_ids"][:240]
+        prompts = [TokensPrompt(prompt_token_ids=text[i:] + text[:i]) for i in range(64)]  # distinct: no prefix hits
+        params = [_params("static:0.5", seed=7 * 10**6 + i, max_tokens=8) for i in range(64)]
+        outs = small_cache_llm.generate(prompts, params, use_tqdm=False)
+    assert [len(out.outputs[0].token_ids) for out in outs] == [8] * 64
+    assert seen[0] > 0, "no seeded request was prefilled in chunks: the test checks nothing"
+    assert not moved, f"{len(moved)} of {seen[0]} discarded steps moved their request's generator"
+
+
 def test_heads_that_cannot_run_are_refused_and_the_engine_keeps_serving(llm, references, heads, tmp_path):
     """A head built for another pair (the real pair's sizes), a missing head, a head beside another rule, DIVERSED
     without a head: each refused in one line naming the fix, and the engine serves on."""

@@ -22,6 +22,10 @@ What ``install()`` patches, in every vLLM process (the plugin loader runs it in 
 - ``rejection_sampler.expand_batch_to_tokens``: the CPU backend's kernel shim writes into a converted copy and
   leaves per-token temperatures unset (vllm-project/vllm#55005); per dtype, vLLM's expansion of a probe is checked
   once and a pure-torch expansion is used only where vLLM's is wrong, so the workaround drops out once it is fixed.
+- ``GPUModelRunner._bookkeeping_sync`` rewinds the seeded generator of a request whose sampled token it discards
+  (a chunked prefill's partial step) by a CUDA generator's offset; a CPU generator has none and the engine dies
+  (``RuntimeError: CPU Generator does not use offset``). Where torch's CPU generators lack offsets, such a
+  generator's state is saved before sampling and restored instead, which is the rewind vLLM means.
 
 On a GPU vLLM 0.32 runs Model Runner V2 by default, whose sampler is not patched: relaxed rules are refused there
 with the fix (``VLLM_USE_V2_MODEL_RUNNER=0``); only the V1 runner on the CPU backend is tested.
@@ -442,6 +446,50 @@ def _patch_expand() -> None:
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
 
 
+def _cpu_generators_lack_offsets() -> bool:
+    try:
+        torch.Generator().get_offset()
+    except RuntimeError:
+        return True
+    return False
+
+
+def _patch_generator_rewind() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def discarded(runner: Any) -> list[int]:
+        """Batch rows whose sampled token vLLM discards this step and whose seeded generator is a CPU one."""
+        rows = runner.discard_request_mask.np[: runner.input_batch.num_reqs].nonzero()[0]
+        generators = runner.input_batch.generators
+        return [int(i) for i in rows if int(i) in generators and generators[int(i)].device.type == "cpu"]
+
+    original_sample = GPUModelRunner._sample
+
+    @functools.wraps(original_sample)
+    def _sample(self, logits, spec_decode_metadata):
+        generators = self.input_batch.generators
+        self._hf_diversed_rewind = {i: generators[i].get_state() for i in discarded(self)}
+        return original_sample(self, logits, spec_decode_metadata)
+
+    original_sync = GPUModelRunner._bookkeeping_sync
+
+    @functools.wraps(original_sync)
+    def _bookkeeping_sync(self, *args, **kwargs):
+        saved, self._hf_diversed_rewind = getattr(self, "_hf_diversed_rewind", {}), {}
+        generators = self.input_batch.generators
+        held = {i: generators.pop(i) for i in discarded(self)}  # vLLM rewinds only the rows that have a generator
+        try:
+            return original_sync(self, *args, **kwargs)
+        finally:
+            for i, generator in held.items():
+                if i in saved:
+                    generator.set_state(saved[i])
+                generators[i] = generator
+
+    GPUModelRunner._sample = _sample
+    GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
+
+
 _installed = False
 
 
@@ -460,3 +508,5 @@ def install() -> None:
     _patch_proposer()
     _patch_rejection_sample()
     _patch_expand()
+    if _cpu_generators_lack_offsets():
+        _patch_generator_rewind()
