@@ -177,8 +177,9 @@ def report(out: Path) -> str:
     from hf_diversed.evaluation.bench import bootstrap_interval, wilson_interval
 
     phases, records = _load(out / "phases.jsonl"), _load(out / "records.jsonl")
-    lines = ["| task | method | c | n | tok/s | × target alone | acceptance | mean w (per position: mean 1 − w·TV) | "
-             "quality ×100 [95% CI] | cut at max |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| task | method | c | in flight | n | tok/s | × target alone | acceptance | "
+             "mean w (per position: mean 1 − w·TV) | quality ×100 [95% CI] | cut at max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     base = {(p["task"], p["concurrency"]): p["tokens_per_s"] for p in phases if p["method"] == "ar"}
     for p in sorted(phases, key=lambda p: (p["task"], p["concurrency"], p["method"] != "ar", p["method"])):
         mine = [r for r in records if (r["task"], r["method"], r["concurrency"]) == (p["task"], p["method"],
@@ -195,12 +196,17 @@ def report(out: Path) -> str:
         acceptance = "-" if p["acceptance"] is None else f"{100 * p['acceptance']:.1f}%"
         cut = sum(r["finish_reason"] == "length" for r in mine) / max(len(mine), 1)
         mean_w = "-" if p.get("mean_w") is None else f"{p['mean_w']:.3f} ({100 * p['expected_acceptance']:.1f}%)"
+        in_flight = sum(r["seconds"] for r in mine) / p["seconds"]  # requests' own time over the phase's
         lines.append(
-            f"| {p['task']} | {p['method']} | {p['concurrency']} | {p['n']} | {p['tokens_per_s']:.2f} | {ratio} | "
+            f"| {p['task']} | {p['method']} | {p['concurrency']} | {in_flight:.1f} | {p['n']} | "
+            f"{p['tokens_per_s']:.2f} | {ratio} | "
             f"{acceptance} | {mean_w} | {quality} | {100 * cut:.0f}% |"
         )
     machines = sorted({(p.get("cpu_capability"), p.get("dtype"), p.get("threads")) for p in phases})
     lines.append("")
+    lines.append("In flight: the mean number of requests in flight over the phase (the sum of the requests' times, "
+                 "queueing included, over the phase's time); a phase with as many prompts as its concurrency drains "
+                 "to one request at its end.")  # fmt: skip
     lines.append(f"Machines (CPU capability, dtype, threads): {machines}.")
     return "\n".join(lines) + "\n"
 
