@@ -117,6 +117,31 @@ def _load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor string."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+MACHINE_KEYS = ("cpu", "cpu_capability", "dtype", "threads", "torch", "compiled")
+
+
+def check_same_machine(phases: list[dict], machine: dict, out: Path) -> None:
+    """Ratios pair phases of one directory, so every phase there must come from one machine class and setting."""
+    for phase in phases:
+        differ = [k for k in MACHINE_KEYS if k in phase and phase[k] != machine[k]]
+        if differ:
+            was, now = ({k: m[k] for k in differ} for m in (phase, machine))
+            raise SystemExit(f"{out} holds phases run with {was}, this run has {now}: pass a new --output-dir.")
+
+
 def _xargs(method: str, task_name: str) -> dict | None:
     """The request's vLLM extra args: none for the target alone, the task's bundled head for ``diversed``."""
     if method == "ar":
@@ -202,12 +227,12 @@ def report(out: Path) -> str:
             f"{p['tokens_per_s']:.2f} | {ratio} | "
             f"{acceptance} | {mean_w} | {quality} | {100 * cut:.0f}% |"
         )
-    machines = sorted({(p.get("cpu_capability"), p.get("dtype"), p.get("threads")) for p in phases})
+    machines = sorted({(p.get("cpu", "-"), p.get("cpu_capability"), p.get("dtype"), p.get("threads")) for p in phases})
     lines.append("")
     lines.append("In flight: the mean number of requests in flight over the phase (the sum of the requests' times, "
                  "queueing included, over the phase's time); a phase with as many prompts as its concurrency drains "
                  "to one request at its end.")  # fmt: skip
-    lines.append(f"Machines (CPU capability, dtype, threads): {machines}.")
+    lines.append(f"Machines (CPU, capability, dtype, threads): {machines}.")
     return "\n".join(lines) + "\n"
 
 
@@ -239,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         from hf_diversed.modeling.dtypes import cpu_capability, resolve_dtype
 
         dtype = resolve_dtype(args.dtype)
-        machine = {"cpu_capability": cpu_capability(), "dtype": dtype, "threads": os.cpu_count(),
-                   "torch": torch.__version__, "compiled": args.compile}  # fmt: skip
+        machine = {"cpu": _cpu_model(), "cpu_capability": cpu_capability(), "dtype": dtype,
+                   "threads": os.cpu_count(), "torch": torch.__version__, "compiled": args.compile}  # fmt: skip
+        check_same_machine(_load(out / "phases.jsonl"), machine, out)
         from hf_diversed.modeling.pretrained import seed_pretrained_heads
 
         target, draft = ensure_pair()

@@ -976,3 +976,17 @@ def test_pilot_report_gives_rouge_as_a_mean_with_a_bootstrap_interval(monkeypatc
     (row,) = pilot_report.format_rows(pilot_report.pilot_rows(records, [], rows=4))[2:]
     low, high = bootstrap_interval(scores)
     assert f"| exact | pilot | bfloat16 | 4 | 7.69 [{low:.2f}, {high:.2f}] | 40.0% | 1.00 |" in row
+
+
+def test_vllm_bench_refuses_to_pair_phases_from_another_machine(monkeypatch, tmp_path):
+    """benchmarks/bench_vllm.py pairs every phase with the target alone from the same directory, so it resumes only
+    on the machine class and setting that wrote it; phases from before the CPU's name was recorded compare the rest."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_vllm
+
+    here = {"cpu": "Xeon", "cpu_capability": "AVX512+bf16+amx", "dtype": "bfloat16", "threads": 2,
+            "torch": "2.13.0+cpu", "compiled": False}  # fmt: skip
+    bench_vllm.check_same_machine([here, {k: v for k, v in here.items() if k != "cpu"}], here, tmp_path)
+    for key, other in (("cpu", "EPYC"), ("cpu_capability", "AVX512+bf16"), ("dtype", "float32"), ("threads", 4)):
+        with pytest.raises(SystemExit, match=f"holds phases run with {{'{key}'.*pass a new --output-dir"):
+            bench_vllm.check_same_machine([here, {**here, key: other}], here, tmp_path)
