@@ -38,7 +38,8 @@ from hf_diversed.evaluation.bench.runs import format_runs, invocation_of, load_r
 from hf_diversed.evaluation.bench.summary import summarize_records
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ("gsm8k", "mbpp", "humaneval", "cnndm")
+TASKS = ("gsm8k", "mbpp", "humaneval", "cnndm", "xsum")
+LORA_TASKS = ("gsm8k", "mbpp", "cnndm")  # the tasks whose Table 1 adds SD with a LoRA-distilled draft
 TIMED_EXAMPLES = 10  # each method's examples in a task's timing run (benchmarks/table1_timed.sh)
 LORA_SUFFIX = LORA_METHOD.removeprefix("exact")  # "+lora-draft": a rule run with the bench's --lora-draft
 # The paper's Table 1 (Llama-3.1-8B target / Llama-3.2-1B draft, N = 5, T = 1): SD and DIVERSED acceptance,
@@ -47,6 +48,7 @@ PAPER = {
     "gsm8k": ("44.6%", "72.6%", "67 → 67 (exact match)"),
     "mbpp": ("26.3%", "85.0%", "53 → 53 (pass@1)"),
     "cnndm": ("21.6%", "70.0%", "9.46 → 12.11 (ROUGE-2)"),
+    "xsum": ("20.4%", "70.5%", "7.09 → 7.23 (ROUGE-2)"),
 }
 
 
@@ -201,6 +203,57 @@ def baseline_section(records: list[dict]) -> list[str]:
     )
 
 
+def draft_length_section(records: list[dict], timed: dict[tuple, dict], costs: dict) -> list[str]:
+    """Each rule run at several draft lengths N (T = 1), on the examples every N of it shares: acceptance, tokens per
+    round τ, the verification cost v(N), the τ model τ / (N·c + v(N)) and the real speedup, and the fastest N by real
+    speed (by the τ model where not every N was timed)."""
+    sampled: dict[str, dict[int, list[dict]]] = {}
+    for r in records:
+        if r.get("engine") == "sampler" and r["temperature"] == 1.0 and r.get("N"):
+            sampled.setdefault(method_label(r), {}).setdefault(r["N"], []).append(r)
+    lines, fastest = [], []
+    for method, by_n in sorted(sampled.items()):
+        if len(by_n) < 2:
+            continue
+        shared = set.intersection(*({r["example_index"] for r in recs} for recs in by_n.values()))
+        rows = summarize_records([r for recs in by_n.values() for r in recs if r["example_index"] in shared], costs)
+        speeds = {}
+        for r in sorted(rows, key=lambda r: r["N"]):
+            cost = costs.get(costs_key(r["target"], r.get("draft") or r["target"], r["dtype"])) or {}
+            t = timed.get((1.0, method, r["N"]))
+            real = None if t is None else (t.get("speedup_matched") or t["speedup"])
+            speeds[r["N"]] = (real, r.get("tau_speedup"))
+            lines.append(
+                f"| {method} | {r['N']} | {r['n']} | {_pct(r['acceptance_rate'])} | "
+                f"{_num(r['mean_accepted_per_round'])} | {_num((cost.get('v') or {}).get(str(r['N'])))} | "
+                f"{_model(r.get('tau_speedup'), r.get('tau_speedup_v1'))} | "
+                + ("-" if real is None else f"{real:.2f}× ({t.get('n_timed')})")
+                + " |"
+            )
+        real = {n: x for n, (x, _) in speeds.items() if x is not None}
+        model = {n: x for n, (_, x) in speeds.items() if x is not None}
+        if len(real) == len(speeds):
+            best = max(real, key=real.get)
+            fastest.append(f"{method} at N = {best} ({real[best]:.2f}×)")
+        elif model:
+            best = max(model, key=model.get)
+            fastest.append(f"{method} at N = {best} by the τ model ({model[best]:.2f}×; not every N timed)")
+    if not lines:
+        return []
+    return [
+        "",
+        "Draft length (T = 1): each rule at every N it was run with, on the examples all its N share. τ model: "
+        "τ / (N·c + v(N)) with c and v(N) measured beside the real timing (in parentheses v = 1); real: the batch-1 "
+        "loop's tokens/s over the target alone's on the timed examples (`-` where that N was not timed).",
+        "",
+        "| method | N | n | acceptance | tokens/round τ | v(N) | τ model (v=1) | real speedup (n timed) |",
+        "|---|---|---|---|---|---|---|---|",
+        *lines,
+        "",
+        f"Fastest: {'; '.join(fastest)}.",
+    ]
+
+
 def _costs(out_dir: Path) -> dict:
     return json.loads((out_dir / "costs.json").read_text()) if (out_dir / "costs.json").is_file() else {}
 
@@ -245,7 +298,8 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
 
 def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
     """What Table 1 still lacks under ``root``, per task of the paper's table: its records, methods caught mid-run,
-    SD with the LoRA-distilled draft, and a real-speed timing run with ``timed_examples`` examples of every method."""
+    SD with the LoRA-distilled draft (``LORA_TASKS``), and a real-speed timing run with ``timed_examples`` examples
+    of every method."""
     missing = []
     for task in PAPER:
         records = bench.load_records(root / task / bench.RESULTS_FILE)
@@ -254,7 +308,7 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
             continue
         if partial := unfinished_methods(records):
             missing.append(f"{task}: {len(partial)} methods mid-run")
-        if not any(r["method"] == LORA_METHOD for r in records):
+        if task in LORA_TASKS and not any(r["method"] == LORA_METHOD for r in records):
             missing.append(f"{task}: SD with the LoRA-distilled draft")
         loop = [
             r
@@ -366,6 +420,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     if summary.get("runs"):
         lines += ["", *format_runs(summary["runs"])]
     lines += frontier_section(records)
+    lines += draft_length_section(records, timed, costs)
     lines += draft_section(records)
     lines += baseline_section(records)
     plot = os.path.relpath(out_dir / bench.PLOT_ACCEPTANCE_FILE, ROOT / "docs")  # results.md lives in docs/

@@ -841,6 +841,41 @@ def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_n
     assert real <= 1.0 if named_slower else real >= 1.0
 
 
+def test_table1_report_sets_each_draft_length_side_by_side_on_shared_examples(setup, tmp_path, monkeypatch):
+    """A rule run at several N: one row per N on the examples every N shares (N = 3 on rows 0-1 only, so N = 2 is
+    cut to them), v(N) and the τ model from the timing run's costs, the real speedup per N, and the fastest N."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import table1_report
+
+    common = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--methods", "exact", "--batch-size", "4", "--max-new-tokens", "6", "--threads", "1",
+        "-q", "--dtype", "float32",
+    ]  # fmt: skip
+    table = [*common, "--timed-examples", "0", "--no-costs", "--output-dir", str(tmp_path / "gsm8k")]
+    assert bench.main([*table, "--num-examples", "3", "--num-assistant-tokens", "2"]) == 0
+    assert bench.main([*table, "--num-examples", "2", "--num-assistant-tokens", "3"]) == 0
+    timed = [*common, "--num-examples", "2", "--timed-examples", "2", "--output-dir", str(tmp_path / "gsm8k-timed")]
+    assert bench.main([*timed, "--num-assistant-tokens", "2,3"]) == 0
+
+    lines = table1_report.task_section("gsm8k", tmp_path / "gsm8k")
+    rows = {int(line.split(" | ")[1]): line for line in lines if line.startswith("| exact | ")}
+    assert set(rows) == {2, 3}
+    assert all(line.split(" | ")[2] == "2" for line in rows.values())  # rows 0-1: the examples both N share
+    (cost,) = json.loads((tmp_path / "gsm8k-timed" / bench.COSTS_FILE).read_text()).values()
+    records = bench.load_records(tmp_path / "gsm8k" / bench.RESULTS_FILE)
+    real = {}
+    for n, line in rows.items():
+        cells = line.split(" | ")
+        mine = [r for r in records if r["N"] == n and r["example_index"] < 2 and r["method"] == "exact"]
+        tau = (sum(r["accepted"] for r in mine) + sum(r["rounds"] for r in mine)) / sum(r["rounds"] for r in mine)
+        assert cells[4] == f"{tau:.2f}" and cells[5] == f"{cost['v'][str(n)]:.2f}"
+        assert cells[6].startswith(f"{tau / (n * cost['c'] + cost['v'][str(n)]):.2f}× (")
+        real[n] = float(cells[7].split("×")[0])
+    fastest = [f"Fastest: exact at N = {n} ({x:.2f}×)." for n, x in real.items() if x == max(real.values())]
+    assert any(line in lines for line in fastest)
+
+
 def test_table1_report_reads_a_timing_run_stopped_part_way(setup, tmp_path, monkeypatch):
     """A timing run stopped before its summary: the report names its command from the run log, says how many
     examples each method has, and compares each method's speed with the target alone's on the same examples."""
@@ -913,6 +948,7 @@ def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch
         "gsm8k: the real-speed timing run",
         "mbpp: every record",
         "cnndm: every record",
+        "xsum: every record",
     ]
     timed = ["--methods", "ar,exact", "--timed-examples", "2", "--output-dir", str(tmp_path / "gsm8k-timed")]
     assert bench.main([*common, *timed]) == 0
