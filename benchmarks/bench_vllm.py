@@ -58,8 +58,8 @@ class Server:
                     "draft_sample_method": "probabilistic"}  # fmt: skip
             command += ["--speculative-config", json.dumps(spec)]
         self.weight_log = log.with_name(log.stem + "-weights.jsonl")
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "0",
-               "HF_DIVERSED_VLLM_WEIGHT_LOG": str(self.weight_log)}  # fmt: skip
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND":
+               args.omp_bind, "HF_DIVERSED_VLLM_WEIGHT_LOG": str(self.weight_log)}  # fmt: skip
         self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -130,12 +130,14 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-MACHINE_KEYS = ("cpu", "cpu_capability", "dtype", "threads", "torch", "compiled")
+MACHINE_KEYS = ("cpu", "cpu_capability", "dtype", "threads", "torch", "compiled", "omp_bind")
+OMP_BIND = "0"  # phases recorded before --omp-bind existed ran with it
 
 
 def check_same_machine(phases: list[dict], machine: dict, out: Path) -> None:
     """Ratios pair phases of one directory, so every phase there must come from one machine class and setting."""
     for phase in phases:
+        phase = {"omp_bind": OMP_BIND, **phase}
         differ = [k for k in MACHINE_KEYS if k in phase and phase[k] != machine[k]]
         if differ:
             was, now = ({k: m[k] for k in differ} for m in (phase, machine))
@@ -227,12 +229,14 @@ def report(out: Path) -> str:
             f"{p['tokens_per_s']:.2f} | {ratio} | "
             f"{acceptance} | {mean_w} | {quality} | {100 * cut:.0f}% |"
         )
-    machines = sorted({(p.get("cpu", "-"), p.get("cpu_capability"), p.get("dtype"), p.get("threads")) for p in phases})
+    machines = sorted({(p.get("cpu", "-"), p.get("cpu_capability"), p.get("dtype"), p.get("threads"),
+                        p.get("omp_bind", OMP_BIND)) for p in phases})  # fmt: skip
     lines.append("")
     lines.append("In flight: the mean number of requests in flight over the phase (the sum of the requests' times, "
                  "queueing included, over the phase's time); a phase with as many prompts as its concurrency drains "
                  "to one request at its end.")  # fmt: skip
-    lines.append(f"Machines (CPU, capability, dtype, threads): {machines}.")
+    lines.append(f"Machines (CPU, capability, dtype, cores, the worker's cores as VLLM_CPU_OMP_THREADS_BIND): "
+                 f"{machines}.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -249,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-gib", type=int, default=4)
     parser.add_argument("--compile", action="store_true", help="let vLLM compile the models (default: eager)")
+    parser.add_argument("--omp-bind", default=OMP_BIND,
+                        help="the cores of vLLM's model worker (VLLM_CPU_OMP_THREADS_BIND): 0 runs it on core 0 and "
+                             "leaves the others to the engine loop and the server, as vLLM's 'auto' reserves one; "
+                             "e.g. 0-1 for two cores")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="docs/vllm/bench")
     parser.add_argument("--report-only", action="store_true")
@@ -265,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
 
         dtype = resolve_dtype(args.dtype)
         machine = {"cpu": _cpu_model(), "cpu_capability": cpu_capability(), "dtype": dtype,
-                   "threads": os.cpu_count(), "torch": torch.__version__, "compiled": args.compile}  # fmt: skip
+                   "threads": os.cpu_count(), "torch": torch.__version__, "compiled": args.compile,
+                   "omp_bind": args.omp_bind}  # fmt: skip
         check_same_machine(_load(out / "phases.jsonl"), machine, out)
         from hf_diversed.modeling.pretrained import seed_pretrained_heads
 

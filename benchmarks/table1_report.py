@@ -41,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("gsm8k", "mbpp", "humaneval", "cnndm", "xsum")
 LORA_TASKS = ("gsm8k", "mbpp", "cnndm")  # the tasks whose Table 1 adds SD with a LoRA-distilled draft
 TIMED_EXAMPLES = 10  # each method's examples in a task's timing run (benchmarks/table1_timed.sh)
+DRAFT_LENGTH_TASKS = ("gsm8k", "mbpp", "cnndm")  # N = 3, 5, 7 (benchmarks/draft_length.sh)
+# The paper's Figure 2, the T = 0 frontier (benchmarks/figure2_cnndm.sh): its task, stories and static weights.
+FIGURE2 = ("cnndm", 100, 7)
 LORA_SUFFIX = LORA_METHOD.removeprefix("exact")  # "+lora-draft": a rule run with the bench's --lora-draft
 # The paper's Table 1 (Llama-3.1-8B target / Llama-3.2-1B draft, N = 5, T = 1): SD and DIVERSED acceptance,
 # quality SD -> DIVERSED (docs: shared/docs/method.md).
@@ -203,10 +206,13 @@ def baseline_section(records: list[dict]) -> list[str]:
     )
 
 
-def draft_length_section(records: list[dict], timed: dict[tuple, dict], costs: dict) -> list[str]:
+def draft_length_section(
+    records: list[dict], timed: dict[tuple, dict], costs: dict, timed_lines: list[str] | None = None
+) -> list[str]:
     """Each rule run at several draft lengths N (T = 1), on the examples every N of it shares: acceptance, tokens per
     round τ, the verification cost v(N), the τ model τ / (N·c + v(N)) and the real speedup, and the fastest N by real
-    speed (by the τ model where not every N was timed)."""
+    speed (by the τ model where not every N was timed). ``timed_lines`` say how the real speed was timed, where it
+    comes from a timing run of its own."""
     sampled: dict[str, dict[int, list[dict]]] = {}
     for r in records:
         if r.get("engine") == "sampler" and r["temperature"] == 1.0 and r.get("N"):
@@ -251,7 +257,70 @@ def draft_length_section(records: list[dict], timed: dict[tuple, dict], costs: d
         *lines,
         "",
         f"Fastest: {'; '.join(fastest)}.",
+        *(["", *timed_lines] if timed_lines else []),
     ]
+
+
+DRAFT_TIMED_SUFFIX = "-draft-timed"  # <task>-draft-timed: N = 3, 5, 7 timed in one run (draft_length.sh)
+GREEDY_TIMED_SUFFIX = "-greedy-timed"  # <task>-greedy-timed: the T = 0 frontier's timing run (figure2_cnndm.sh)
+GREEDY_PLOT_FILE = "frontier_greedy.png"
+
+
+def greedy_frontier_section(task: str, out_dir: Path) -> list[str]:
+    """The paper's Figure 2 for ``task``: at T = 0, quality against the batch-1 loop's real time per token (its timing
+    run ``<task>-greedy-timed``, every method in one run) and against acceptance (the sampler's records), the static
+    sweep as the frontier and every other method a point; the target alone is exact SD's quality at its own speed.
+    A table of both and a two-panel plot (``frontier_greedy.png`` beside the records). Empty unless the T = 0
+    records hold a static sweep of four weights or more."""
+    groups = [(key, g) for key, g in _sampler_groups(bench.load_records(out_dir / bench.RESULTS_FILE)) if key[0] == 0]
+    lines: list[str] = []
+    timed, timed_lines, _ = timed_section(out_dir.parent / f"{task}{GREEDY_TIMED_SUFFIX}")
+    for (_, n, length), group in groups:
+        rows = summarize_records(group)
+        if sum(r["method"].startswith("static:") for r in rows) < 4:
+            continue
+        exact = next((r for r in rows if r["method"] == "exact"), None)
+        ar = timed.get((0.0, "ar", None))
+        if exact is not None and ar is not None:  # greedy exact SD emits the target's tokens
+            rows.insert(0, {**exact, "method": "ar", "acceptance_rate": None, "mean_weight": None})
+        body = []
+        for r in rows:
+            t = ar if r["method"] == "ar" else timed.get((0.0, method_label(r), n))
+            r["seconds_per_token"] = 1.0 / t["tokens_per_s"] if t and t.get("tokens_per_s") else None
+            speedup = None if t is None else (t.get("speedup_matched") or t["speedup"])
+            body.append(
+                f"| {method_label(r)} | {r['n']} | {format_quality(r)} | "
+                + ("-" if r["method"] in ("ar", "exact") else format_paired_diff(r))
+                + f" | {_pct(r['acceptance_rate'])} | {_num(r['mean_weight'])} | "
+                + ("-" if t is None else f"{1000 * r['seconds_per_token']:.1f} ({t['n_timed']}) | {speedup:.2f}×")
+                + (" |" if t is not None else " | - |")
+            )
+        from hf_diversed.evaluation.plotting import plot_quality_frontiers
+
+        plot = plot_quality_frontiers(rows, out_dir / GREEDY_PLOT_FILE)
+        lines += [
+            "",
+            f"Time–quality frontier at T = 0 (the paper's Figure 2; N = {n}, {length} new tokens): the sampler's "
+            "greedy completions give quality and acceptance; the real time per token of the batch-1 loop comes from "
+            "the timing run below (ms per token over the timed examples; speedup over the target alone on the same "
+            "examples). Greedy exact SD emits the target's own tokens, so the target alone has its quality.",
+            "",
+            "| method | n | quality ×100 [95% CI] | Δ vs target [95% CI] | acceptance | mean w | "
+            "ms/token (n timed) | real speedup |",
+            "|---|---|---|---|---|---|---|---|",
+            *body,
+        ]
+        if timed_lines:
+            lines += ["", *timed_lines]
+        else:
+            lines += [
+                "",
+                f"Real time per token: not yet timed (`{_shown(out_dir.parent)}/{task}{GREEDY_TIMED_SUFFIX}`).",
+            ]
+        if plot is not None:
+            lines += ["", f"![quality vs real time per token and vs acceptance, T = 0]"
+                      f"({os.path.relpath(plot, ROOT / 'docs')})"]  # fmt: skip
+    return lines
 
 
 def _costs(out_dir: Path) -> dict:
@@ -320,6 +389,28 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
             missing.append(f"{task}: the real-speed timing run")
         elif min(timed.values()) < timed_examples:
             missing.append(f"{task}: the timing run, at {min(timed.values())} of {timed_examples} examples")
+        if task in DRAFT_LENGTH_TASKS:
+            lengths = {r["N"] for r in records if r.get("engine") == "sampler" and r["temperature"] == 1}
+            if not {3, 7} <= lengths:
+                missing.append(f"{task}: draft lengths 3 and 7")
+            loop = bench.load_records(root / f"{task}{DRAFT_TIMED_SUFFIX}" / bench.RESULTS_FILE)
+            if not any(r.get("engine", "loop") == "loop" for r in loop):
+                missing.append(f"{task}: the draft lengths' timing run")
+        if task == FIGURE2[0]:
+            missing += _figure2_outstanding(root, records)
+    return missing
+
+
+def _figure2_outstanding(root: Path, records: list[dict]) -> list[str]:
+    task, stories, weights = FIGURE2
+    greedy = Counter(method_label(r) for r in records if r.get("engine") == "sampler" and r["temperature"] == 0)
+    full = sum(m.startswith("static:") and k >= stories for m, k in greedy.items())
+    missing = (
+        [] if full >= weights else [f"{task}: the T = 0 frontier, {full} of {weights} weights on {stories} stories"]
+    )
+    loop = bench.load_records(root / f"{task}{GREEDY_TIMED_SUFFIX}" / bench.RESULTS_FILE)
+    if not any(r.get("engine", "loop") == "loop" for r in loop):
+        missing.append(f"{task}: the T = 0 frontier's timing run")
     return missing
 
 
@@ -420,7 +511,15 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     if summary.get("runs"):
         lines += ["", *format_runs(summary["runs"])]
     lines += frontier_section(records)
-    lines += draft_length_section(records, timed, costs)
+    # The draft lengths' own timing run (benchmarks/draft_length.sh: N = 3, 5, 7 side by side) where there is one.
+    length_timed, length_lines, length_costs = timed_section(out_dir.parent / f"{task}{DRAFT_TIMED_SUFFIX}")
+    if length_timed:
+        measured = pair_costs(length_costs, *pair, first["dtype"])
+        length_costs = {**costs, **({costs_key(*pair, first["dtype"]): measured[1]} if measured else {})}
+        lines += draft_length_section(records, length_timed, length_costs, length_lines)
+    else:
+        lines += draft_length_section(records, timed, costs)
+    lines += greedy_frontier_section(task, out_dir)
     lines += draft_section(records)
     lines += baseline_section(records)
     plot = os.path.relpath(out_dir / bench.PLOT_ACCEPTANCE_FILE, ROOT / "docs")  # results.md lives in docs/
@@ -513,7 +612,9 @@ def main() -> None:
         "`docs/table1/`; each task's command is in its `results.md`. Runs resume where they stopped. Real-loop "
         "speed at batch 1 comes from each task's timing run (`bash benchmarks/table1_timed.sh <task>` into "
         "`docs/table1/<task>-timed`, every method side by side on one machine), which may run on another machine "
-        "and dtype than the sampler's records; each section says which. Why verification costs what it does on "
+        "and dtype than the sampler's records; each section says which. Draft lengths 3 and 7: `bash "
+        "benchmarks/draft_length.sh <task>` (timed in `<task>-draft-timed`); the T = 0 time–quality frontier (the "
+        "paper's Figure 2): `bash benchmarks/figure2_cnndm.sh`. Why verification costs what it does on "
         "these CPUs: `docs/overhead.md`; the sampler's throughput: `docs/sampler.md`.",
         "",
         *([f"Still to come: {'; '.join(missing)}.", ""] if missing else []),

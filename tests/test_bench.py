@@ -841,9 +841,13 @@ def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_n
     assert real <= 1.0 if named_slower else real >= 1.0
 
 
-def test_table1_report_sets_each_draft_length_side_by_side_on_shared_examples(setup, tmp_path, monkeypatch):
+@pytest.mark.parametrize("timed_suffix", ["-timed", "-draft-timed"])
+def test_table1_report_sets_each_draft_length_side_by_side_on_shared_examples(
+    setup, tmp_path, monkeypatch, timed_suffix
+):
     """A rule run at several N: one row per N on the examples every N shares (N = 3 on rows 0-1 only, so N = 2 is
-    cut to them), v(N) and the τ model from the timing run's costs, the real speedup per N, and the fastest N."""
+    cut to them), v(N) and the τ model from the timing run's costs, the real speedup per N, and the fastest N. The
+    timing is Table 1's run (``<task>-timed``) or the draft lengths' own (``<task>-draft-timed``, named below)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import table1_report
 
@@ -855,14 +859,15 @@ def test_table1_report_sets_each_draft_length_side_by_side_on_shared_examples(se
     table = [*common, "--timed-examples", "0", "--no-costs", "--output-dir", str(tmp_path / "gsm8k")]
     assert bench.main([*table, "--num-examples", "3", "--num-assistant-tokens", "2"]) == 0
     assert bench.main([*table, "--num-examples", "2", "--num-assistant-tokens", "3"]) == 0
-    timed = [*common, "--num-examples", "2", "--timed-examples", "2", "--output-dir", str(tmp_path / "gsm8k-timed")]
+    timed_dir = tmp_path / f"gsm8k{timed_suffix}"
+    timed = [*common, "--num-examples", "2", "--timed-examples", "2", "--output-dir", str(timed_dir)]
     assert bench.main([*timed, "--num-assistant-tokens", "2,3"]) == 0
 
     lines = table1_report.task_section("gsm8k", tmp_path / "gsm8k")
     rows = {int(line.split(" | ")[1]): line for line in lines if line.startswith("| exact | ")}
     assert set(rows) == {2, 3}
     assert all(line.split(" | ")[2] == "2" for line in rows.values())  # rows 0-1: the examples both N share
-    (cost,) = json.loads((tmp_path / "gsm8k-timed" / bench.COSTS_FILE).read_text()).values()
+    (cost,) = json.loads((timed_dir / bench.COSTS_FILE).read_text()).values()
     records = bench.load_records(tmp_path / "gsm8k" / bench.RESULTS_FILE)
     real = {}
     for n, line in rows.items():
@@ -874,6 +879,54 @@ def test_table1_report_sets_each_draft_length_side_by_side_on_shared_examples(se
         real[n] = float(cells[7].split("×")[0])
     fastest = [f"Fastest: exact at N = {n} ({x:.2f}×)." for n, x in real.items() if x == max(real.values())]
     assert any(line in lines for line in fastest)
+    after = lines[next(i for i, line in enumerate(lines) if line in fastest) :]
+    assert any(f"gsm8k{timed_suffix}" in line for line in after[:3]) == (timed_suffix == "-draft-timed")
+
+
+def test_table1_report_draws_the_greedy_frontier_against_real_time_and_acceptance(setup, tmp_path, monkeypatch):
+    """The paper's Figure 2: at T = 0 the static sweep and every other method with the sampler's quality and
+    acceptance beside the timing run's ms per token (Σseconds / Σtokens of its loop records); the target alone has
+    exact SD's quality at its own speed; a two-panel plot. No section without a sweep of four weights."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import table1_report
+
+    common = [
+        "--target", str(setup["target"]), "--draft", str(setup["draft"]), "--data-dir", str(setup["data"]),
+        "--tasks", "gsm8k", "--batch-size", "4", "--max-new-tokens", "6", "--threads", "1", "-q",
+        "--dtype", "float32", "--temperature", "0", "--num-examples", "2",
+    ]  # fmt: skip
+    out = tmp_path / "gsm8k"
+    sampled = [*common, "--methods", "exact", "--timed-examples", "0", "--no-costs", "--output-dir", str(out)]
+    assert bench.main([*sampled, "--static-sweep", "0,0.5,1"]) == 0
+    assert table1_report.greedy_frontier_section("gsm8k", out) == []  # three weights: no frontier yet
+    assert bench.main([*sampled, "--static-sweep", "0,0.3,0.5,1"]) == 0
+    untimed = table1_report.greedy_frontier_section("gsm8k", out)
+    assert any(line.startswith("Real time per token: not yet timed") for line in untimed)
+    monkeypatch.setattr(table1_report, "FIGURE2", ("gsm8k", 2, 5))
+    records = bench.load_records(out / bench.RESULTS_FILE)
+    assert table1_report._figure2_outstanding(tmp_path, records) == [
+        "gsm8k: the T = 0 frontier, 4 of 5 weights on 2 stories",
+        "gsm8k: the T = 0 frontier's timing run",
+    ]
+
+    timed_dir = tmp_path / f"gsm8k{table1_report.GREEDY_TIMED_SUFFIX}"
+    timed = ["--methods", "ar,exact", "--static-sweep", "0,1", "--timed-examples", "2", "--output-dir", str(timed_dir)]
+    assert bench.main([*common, *timed]) == 0
+    lines = table1_report.greedy_frontier_section("gsm8k", out)
+    rows = {line.split(" | ")[0].removeprefix("| "): line.split(" | ") for line in lines if line.startswith("| ")}
+    assert set(rows) >= {"ar", "exact", "static:0", "static:0.3", "static:0.5", "static:1"}
+    loop = [r for r in bench.load_records(timed_dir / bench.RESULTS_FILE) if r["engine"] == "loop"]
+    for method in ("ar", "exact", "static:0", "static:1"):
+        mine = [r for r in loop if r["method"] == method]
+        ms = 1000 * sum(r["seconds"] for r in mine) / sum(r["new_tokens"] for r in mine)
+        assert rows[method][6] == f"{ms:.1f} (2)"
+    assert rows["ar"][2] == rows["exact"][2] and rows["ar"][4] == "-"  # exact SD's quality, no acceptance
+    assert rows["static:0.3"][6] == "-"  # sampled, not timed
+    assert rows["static:0"][4] == "100.0%"  # w = 0 accepts every draft
+    assert (out / table1_report.GREEDY_PLOT_FILE).is_file()
+    assert table1_report._figure2_outstanding(tmp_path, records) == [
+        "gsm8k: the T = 0 frontier, 4 of 5 weights on 2 stories"
+    ]
 
 
 def test_table1_report_reads_a_timing_run_stopped_part_way(setup, tmp_path, monkeypatch):
@@ -929,8 +982,8 @@ def test_table1_report_says_when_a_timing_run_was_resumed_in_another_invocation(
 
 
 def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch):
-    """Until every task has its records, SD with the distilled draft and a full timing run, the report names what is
-    missing (and the title says "in progress" while anything is)."""
+    """Until every task has its records, SD with the distilled draft, a full timing run, and draft lengths 3 and 7 with
+    their timing run, the report names what is missing (and the title says "in progress" while anything is)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import table1_report
 
@@ -946,14 +999,20 @@ def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch
     assert table1_report.outstanding(tmp_path, timed_examples=2) == [
         "gsm8k: SD with the LoRA-distilled draft",
         "gsm8k: the real-speed timing run",
+        "gsm8k: draft lengths 3 and 7",
+        "gsm8k: the draft lengths' timing run",
         "mbpp: every record",
         "cnndm: every record",
         "xsum: every record",
     ]
     timed = ["--methods", "ar,exact", "--timed-examples", "2", "--output-dir", str(tmp_path / "gsm8k-timed")]
     assert bench.main([*common, *timed]) == 0
-    assert table1_report.outstanding(tmp_path, timed_examples=2)[:2] == [
+    assert "gsm8k: the real-speed timing run" not in table1_report.outstanding(tmp_path, timed_examples=2)
+    lengths = ["--methods", "exact", "--timed-examples", "0", "--output-dir", str(tmp_path / "gsm8k")]
+    assert bench.main([*common, *lengths, "--num-assistant-tokens", "3,7"]) == 0
+    assert table1_report.outstanding(tmp_path, timed_examples=2)[:3] == [
         "gsm8k: SD with the LoRA-distilled draft",
+        "gsm8k: the draft lengths' timing run",
         "mbpp: every record",
     ]
     assert "gsm8k: the timing run, at 2 of 3 examples" in table1_report.outstanding(tmp_path, timed_examples=3)
@@ -1016,13 +1075,18 @@ def test_pilot_report_gives_rouge_as_a_mean_with_a_bootstrap_interval(monkeypatc
 
 def test_vllm_bench_refuses_to_pair_phases_from_another_machine(monkeypatch, tmp_path):
     """benchmarks/bench_vllm.py pairs every phase with the target alone from the same directory, so it resumes only
-    on the machine class and setting that wrote it; phases from before the CPU's name was recorded compare the rest."""
+    on the machine class and setting that wrote it; phases from before the CPU's name was recorded compare the rest,
+    and those from before the worker's cores were recorded ran on core 0."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_vllm
 
     here = {"cpu": "Xeon", "cpu_capability": "AVX512+bf16+amx", "dtype": "bfloat16", "threads": 2,
-            "torch": "2.13.0+cpu", "compiled": False}  # fmt: skip
-    bench_vllm.check_same_machine([here, {k: v for k, v in here.items() if k != "cpu"}], here, tmp_path)
-    for key, other in (("cpu", "EPYC"), ("cpu_capability", "AVX512+bf16"), ("dtype", "float32"), ("threads", 4)):
+            "torch": "2.13.0+cpu", "compiled": False, "omp_bind": "0"}  # fmt: skip
+    older = [{k: v for k, v in here.items() if k not in ("cpu", "omp_bind")}]
+    bench_vllm.check_same_machine([here, *older], here, tmp_path)
+    with pytest.raises(SystemExit, match="holds phases run with {'omp_bind': '0'}, this run has {'omp_bind': '0-1'}"):
+        bench_vllm.check_same_machine(older, {**here, "omp_bind": "0-1"}, tmp_path)
+    for key, other in (("cpu", "EPYC"), ("cpu_capability", "AVX512+bf16"), ("dtype", "float32"), ("threads", 4),
+                       ("omp_bind", "0-1")):  # fmt: skip
         with pytest.raises(SystemExit, match=f"holds phases run with {{'{key}'.*pass a new --output-dir"):
             bench_vllm.check_same_machine([here, {**here, key: other}], here, tmp_path)
