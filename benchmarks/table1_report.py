@@ -275,28 +275,27 @@ def greedy_frontier_section(task: str, out_dir: Path) -> list[str]:
     groups = [(key, g) for key, g in _sampler_groups(bench.load_records(out_dir / bench.RESULTS_FILE)) if key[0] == 0]
     lines: list[str] = []
     timed, timed_lines, _ = timed_section(out_dir.parent / f"{task}{GREEDY_TIMED_SUFFIX}")
+    ar = timed.get((0.0, "ar", None))
+    from hf_diversed.evaluation.plotting import plot_quality_frontiers
+
     for (_, n, length), group in groups:
         rows = summarize_records(group)
         if sum(r["method"].startswith("static:") for r in rows) < 4:
             continue
         exact = next((r for r in rows if r["method"] == "exact"), None)
-        ar = timed.get((0.0, "ar", None))
         if exact is not None and ar is not None:  # greedy exact SD emits the target's tokens
             rows.insert(0, {**exact, "method": "ar", "acceptance_rate": None, "mean_weight": None})
         body = []
         for r in rows:
             t = ar if r["method"] == "ar" else timed.get((0.0, method_label(r), n))
             r["seconds_per_token"] = 1.0 / t["tokens_per_s"] if t and t.get("tokens_per_s") else None
-            speedup = None if t is None else (t.get("speedup_matched") or t["speedup"])
+            speedup = None if t is None else t.get("speedup_matched") or t["speedup"]
+            speed = "- | -" if t is None else f"{1000 * r['seconds_per_token']:.1f} ({t['n_timed']}) | {speedup:.2f}×"
+            diff = "-" if r["method"] in ("ar", "exact") else format_paired_diff(r)
             body.append(
-                f"| {method_label(r)} | {r['n']} | {format_quality(r)} | "
-                + ("-" if r["method"] in ("ar", "exact") else format_paired_diff(r))
-                + f" | {_pct(r['acceptance_rate'])} | {_num(r['mean_weight'])} | "
-                + ("-" if t is None else f"{1000 * r['seconds_per_token']:.1f} ({t['n_timed']}) | {speedup:.2f}×")
-                + (" |" if t is not None else " | - |")
+                f"| {method_label(r)} | {r['n']} | {format_quality(r)} | {diff} | {_pct(r['acceptance_rate'])} | "
+                f"{_num(r['mean_weight'])} | {speed} |"
             )
-        from hf_diversed.evaluation.plotting import plot_quality_frontiers
-
         plot = plot_quality_frontiers(rows, out_dir / GREEDY_PLOT_FILE)
         lines += [
             "",
@@ -321,6 +320,14 @@ def greedy_frontier_section(task: str, out_dir: Path) -> list[str]:
             lines += ["", f"![quality vs real time per token and vs acceptance, T = 0]"
                       f"({os.path.relpath(plot, ROOT / 'docs')})"]  # fmt: skip
     return lines
+
+
+def _with_timing_costs(costs: dict, timing_costs: dict, pair: tuple, dtype: str) -> tuple[tuple | None, dict]:
+    """``costs`` with the pair's c and v replaced by a timing run's, whatever its dtype: the speed models predict the
+    real timing (which may run on a later machine than the sampler's records). Returns (the timing run's
+    (dtype, costs) or None, the merged costs)."""
+    measured = pair_costs(timing_costs, *pair, dtype)
+    return measured, {**costs, **({costs_key(*pair, dtype): measured[1]} if measured else {})}
 
 
 def _costs(out_dir: Path) -> dict:
@@ -379,12 +386,7 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
             missing.append(f"{task}: {len(partial)} methods mid-run")
         if task in LORA_TASKS and not any(r["method"] == LORA_METHOD for r in records):
             missing.append(f"{task}: SD with the LoRA-distilled draft")
-        loop = [
-            r
-            for r in bench.load_records(root / f"{task}-timed" / bench.RESULTS_FILE)
-            if r.get("engine", "loop") == "loop"
-        ]
-        timed = Counter(method_label(r) for r in loop)
+        timed = Counter(method_label(r) for r in _loop_records(root / f"{task}-timed"))
         if not timed:
             missing.append(f"{task}: the real-speed timing run")
         elif min(timed.values()) < timed_examples:
@@ -393,12 +395,16 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
             lengths = {r["N"] for r in records if r.get("engine") == "sampler" and r["temperature"] == 1}
             if not {3, 7} <= lengths:
                 missing.append(f"{task}: draft lengths 3 and 7")
-            loop = bench.load_records(root / f"{task}{DRAFT_TIMED_SUFFIX}" / bench.RESULTS_FILE)
-            if not any(r.get("engine", "loop") == "loop" for r in loop):
+            if not _loop_records(root / f"{task}{DRAFT_TIMED_SUFFIX}"):
                 missing.append(f"{task}: the draft lengths' timing run")
         if task == FIGURE2[0]:
             missing += _figure2_outstanding(root, records)
     return missing
+
+
+def _loop_records(timed_dir: Path) -> list[dict]:
+    """A timing run's batch-1 loop records (none where the run has not started)."""
+    return [r for r in bench.load_records(timed_dir / bench.RESULTS_FILE) if r.get("engine", "loop") == "loop"]
 
 
 def _figure2_outstanding(root: Path, records: list[dict]) -> list[str]:
@@ -408,8 +414,7 @@ def _figure2_outstanding(root: Path, records: list[dict]) -> list[str]:
     missing = (
         [] if full >= weights else [f"{task}: the T = 0 frontier, {full} of {weights} weights on {stories} stories"]
     )
-    loop = bench.load_records(root / f"{task}{GREEDY_TIMED_SUFFIX}" / bench.RESULTS_FILE)
-    if not any(r.get("engine", "loop") == "loop" for r in loop):
+    if not _loop_records(root / f"{task}{GREEDY_TIMED_SUFFIX}"):
         missing.append(f"{task}: the T = 0 frontier's timing run")
     return missing
 
@@ -437,12 +442,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     timed, timed_lines, timed_costs = timed_section(out_dir.parent / f"{task}-timed")
     first = records[0]
     pair = (first["target"], first.get("draft") or first["target"])
-    costs = _costs(out_dir)
-    # The speed models predict the real timing, so they take c and v from the timing run where there is one,
-    # whatever its dtype (the timing may run on a later machine than the sampler's records).
-    beside_timing = pair_costs(timed_costs, *pair, first["dtype"])
-    if beside_timing:
-        costs[costs_key(*pair, first["dtype"])] = beside_timing[1]
+    beside_timing, costs = _with_timing_costs(_costs(out_dir), timed_costs, pair, first["dtype"])
     previous = out_dir / bench.SUMMARY_FILE
     command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
     summary = bench.summarize(records, out_dir, command=command, costs=costs, runs=load_runs(out_dir))
@@ -514,8 +514,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     # The draft lengths' own timing run (benchmarks/draft_length.sh: N = 3, 5, 7 side by side) where there is one.
     length_timed, length_lines, length_costs = timed_section(out_dir.parent / f"{task}{DRAFT_TIMED_SUFFIX}")
     if length_timed:
-        measured = pair_costs(length_costs, *pair, first["dtype"])
-        length_costs = {**costs, **({costs_key(*pair, first["dtype"]): measured[1]} if measured else {})}
+        _, length_costs = _with_timing_costs(costs, length_costs, pair, first["dtype"])
         lines += draft_length_section(records, length_timed, length_costs, length_lines)
     else:
         lines += draft_length_section(records, timed, costs)
