@@ -10,8 +10,10 @@ the phase. Method ``diversed`` is the task's bundled DIVERSED head (``extra_args
 Face cache the script seeds); its mean w and per-position acceptance mean(1 - w TV), over every drafted position
 (those after a rejection in the same step too), come from the plugin's weight log (``HF_DIVERSED_VLLM_WEIGHT_LOG``),
 beside vLLM's acceptance (accepted over drafted tokens: a rejection ends a block). Every request is a JSON line in
-``<output-dir>/records.jsonl`` and each phase a line in ``phases.jsonl``, written as they finish; a rerun skips the
-phases already there. The report (``results.md``) pairs each method with the target alone at the same concurrency.
+``<output-dir>/records.jsonl`` and each phase a line in ``phases.jsonl``, written as they finish, each with its
+sitting (the machine's boot: one sitting shares one host's load and clocks). A rerun skips the phases already there
+(``--remeasure``: those of this sitting only) and times the target alone again where this sitting times a rule without
+it. The report (``results.md``) pairs each method with the target alone at the same concurrency and sitting.
 
     python benchmarks/bench_vllm.py --vllm-python .venv-vllm/bin/python --tasks gsm8k,mbpp --num-prompts 32 \\
         --max-new-tokens 512 --concurrency 1,8,32 --output-dir docs/vllm/bench
@@ -134,6 +136,38 @@ MACHINE_KEYS = ("cpu", "cpu_capability", "dtype", "threads", "torch", "compiled"
 OMP_BIND = "0"  # phases recorded before --omp-bind existed ran with it
 
 
+def _sitting() -> str:
+    """This boot of the machine (the kernel's boot id, else the host and its boot time)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return f"{socket.gethostname()}@{round(time.time() - time.monotonic(), -2):.0f}"
+
+
+def plan_phases(
+    phases: list[dict],
+    tasks: list[str],
+    methods: list[str],
+    concurrency: list[int],
+    sitting: str,
+    remeasure: bool = False,
+) -> tuple[list[tuple], list[tuple]]:
+    """The (task, method, c) phases to run, the target alone's apart from the rules'.
+
+    A phase is done when the directory has it (with ``remeasure``: from this sitting). The target alone runs again
+    where this sitting times a rule of its task and c (now or earlier) and has no target alone of its own, so that
+    every ratio pairs two phases of one sitting.
+    """  # fmt: skip
+    here = [p for p in phases if p.get("sitting") == sitting]
+    done = {(p["task"], p["method"], p["concurrency"]) for p in (here if remeasure else phases)}
+    rules = [(t, m, c) for t in tasks for m in methods if m != "ar" for c in concurrency if (t, m, c) not in done]
+    timed_here = {(p["task"], p["concurrency"]) for p in here} | {(t, c) for t, _, c in rules}
+    based_here = {(p["task"], p["concurrency"]) for p in here if p["method"] == "ar"}
+    ar = [(t, "ar", c) for t in tasks for c in concurrency if "ar" in methods and (t, c) not in based_here
+          and ((t, "ar", c) not in done or (t, c) in timed_here)]  # fmt: skip
+    return ar, rules
+
+
 def check_same_machine(phases: list[dict], machine: dict, out: Path) -> None:
     """Ratios pair phases of one directory, so every phase there must come from one machine class and setting."""
     for phase in phases:
@@ -172,7 +206,7 @@ def run_phase(server: Server, task, rows, prompts, method: str, concurrency: int
             "task": task.name, "method": method, "concurrency": concurrency, "example_index": i,
             "example_id": str(rows[i][task.id_column]), "completion": choice["text"],
             "completion_tokens": response["usage"]["completion_tokens"], "finish_reason": choice["finish_reason"],
-            "quality": reward, "seconds": time.perf_counter() - t0,
+            "quality": reward, "seconds": time.perf_counter() - t0, "sitting": machine["sitting"],
         }  # fmt: skip
 
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
@@ -204,13 +238,22 @@ def report(out: Path) -> str:
     from hf_diversed.evaluation.bench import bootstrap_interval, wilson_interval
 
     phases, records = _load(out / "phases.jsonl"), _load(out / "records.jsonl")
-    lines = ["| task | method | c | in flight | n | tok/s | × target alone | acceptance | "
+    lines = ["| task | method | c | sitting | in flight | n | tok/s | × target alone | acceptance | "
              "mean w (per position: mean 1 − w·TV) | quality ×100 [95% CI] | cut at max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    base = {(p["task"], p["concurrency"]): p["tokens_per_s"] for p in phases if p["method"] == "ar"}
-    for p in sorted(phases, key=lambda p: (p["task"], p["concurrency"], p["method"] != "ar", p["method"])):
-        mine = [r for r in records if (r["task"], r["method"], r["concurrency"]) == (p["task"], p["method"],
-                                                                                      p["concurrency"])]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    sittings = list(dict.fromkeys(p["sitting"] for p in phases if p.get("sitting")))
+
+    def key(r: dict, *names: str) -> tuple:
+        return (*(r[n] for n in names), r.get("sitting"))
+
+    base = {key(p, "task", "concurrency"): p["tokens_per_s"] for p in phases if p["method"] == "ar"}
+
+    def number(p: dict) -> int:  # 0: recorded before sittings were
+        return sittings.index(p["sitting"]) + 1 if p.get("sitting") else 0
+
+    for p in sorted(phases, key=lambda p: (p["task"], p["concurrency"], number(p), p["method"] != "ar", p["method"])):
+        mine = [r for r in records if key(r, "task", "method", "concurrency") == key(p, "task", "method",
+                                                                                      "concurrency")]  # fmt: skip
         values = [r["quality"] for r in mine]
         binary = all(v in (0.0, 1.0) for v in values)
         interval = wilson_interval(sum(values), len(values)) if binary else bootstrap_interval(values)
@@ -218,14 +261,15 @@ def report(out: Path) -> str:
             f" [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")  # fmt: skip
         mean = statistics.fmean(values) if values else float("nan")
         quality = f"{100 * mean:.1f}{ci}" if binary else f"{mean:.1f}{ci}"
-        key = (p["task"], p["concurrency"])
-        ratio = f"{p['tokens_per_s'] / base[key]:.2f}×" if key in base else "-"
+        paired = key(p, "task", "concurrency")
+        ratio = f"{p['tokens_per_s'] / base[paired]:.2f}×" if paired in base else "-"
+        sitting = number(p) or "-"
         acceptance = "-" if p["acceptance"] is None else f"{100 * p['acceptance']:.1f}%"
         cut = sum(r["finish_reason"] == "length" for r in mine) / max(len(mine), 1)
         mean_w = "-" if p.get("mean_w") is None else f"{p['mean_w']:.3f} ({100 * p['expected_acceptance']:.1f}%)"
         in_flight = sum(r["seconds"] for r in mine) / p["seconds"]  # requests' own time over the phase's
         lines.append(
-            f"| {p['task']} | {p['method']} | {p['concurrency']} | {in_flight:.1f} | {p['n']} | "
+            f"| {p['task']} | {p['method']} | {p['concurrency']} | {sitting} | {in_flight:.1f} | {p['n']} | "
             f"{p['tokens_per_s']:.2f} | {ratio} | "
             f"{acceptance} | {mean_w} | {quality} | {100 * cut:.0f}% |"
         )
@@ -235,6 +279,10 @@ def report(out: Path) -> str:
     lines.append("In flight: the mean number of requests in flight over the phase (the sum of the requests' times, "
                  "queueing included, over the phase's time); a phase with as many prompts as its concurrency drains "
                  "to one request at its end.")  # fmt: skip
+    lines.append(
+        "Sitting: the phases timed in one boot of the machine, numbered in order ('-': recorded before "
+        "sittings were); × target alone pairs a phase with the target alone of its own sitting."
+    )
     lines.append(f"Machines (CPU, capability, dtype, cores, the worker's cores as VLLM_CPU_OMP_THREADS_BIND): "
                  f"{machines}.")  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -259,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
                              "e.g. 0-1 for two cores")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="docs/vllm/bench")
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="time the phases again in this sitting where the directory has them from another",
+    )
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
@@ -274,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = resolve_dtype(args.dtype)
         machine = {"cpu": _cpu_model(), "cpu_capability": cpu_capability(), "dtype": dtype,
                    "threads": os.cpu_count(), "torch": torch.__version__, "compiled": args.compile,
-                   "omp_bind": args.omp_bind}  # fmt: skip
+                   "omp_bind": args.omp_bind, "sitting": _sitting()}  # fmt: skip
         check_same_machine(_load(out / "phases.jsonl"), machine, out)
         from hf_diversed.modeling.pretrained import seed_pretrained_heads
 
@@ -290,11 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                 for r in rows
             ]
             data[name] = (task, rows, prompts)
-        done = {(p["task"], p["method"], p["concurrency"]) for p in _load(out / "phases.jsonl")}
-        methods = args.methods.split(",")
-        for kind in ("ar", "spec"):
-            todo = [(t, m, c) for t in data for m in methods for c in args.concurrency
-                    if (m == "ar") == (kind == "ar") and (t, m, c) not in done]  # fmt: skip
+        plan = plan_phases(_load(out / "phases.jsonl"), list(data), args.methods.split(","), args.concurrency,
+                           machine["sitting"], args.remeasure)  # fmt: skip
+        for kind, todo in zip(("ar", "spec"), plan, strict=True):
             if not todo:
                 continue
             server = Server(args, target, None if kind == "ar" else draft, dtype, out / f"server-{kind}.log")

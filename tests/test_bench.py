@@ -1073,6 +1073,41 @@ def test_pilot_report_gives_rouge_as_a_mean_with_a_bootstrap_interval(monkeypatc
     assert f"| exact | pilot | bfloat16 | 4 | 7.69 [{low:.2f}, {high:.2f}] | 40.0% | 1.00 |" in row
 
 
+def test_vllm_bench_pairs_each_rule_with_the_target_alone_of_its_own_sitting(monkeypatch, tmp_path):
+    """One host's speed differs between boots of the machine, so a resumed run times the target alone again where a
+    new sitting times a rule, and the report's ratio pairs phases of one sitting (or of none: older records)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_vllm
+
+    def phase(method, tokens_per_s, sitting=None, task="gsm8k", c=1):
+        p = {"task": task, "method": method, "concurrency": c, "n": 1, "tokens": 10, "seconds": 10 / tokens_per_s,
+             "tokens_per_s": tokens_per_s, "acceptance": None if method == "ar" else 0.8}  # fmt: skip
+        return p if sitting is None else {**p, "sitting": sitting}
+
+    older = [phase("ar", 4.0), phase("diversed", 6.0)]
+    tasks, methods = ["gsm8k", "mbpp"], ["ar", "exact", "diversed"]
+    ar, rules = bench_vllm.plan_phases(older, tasks, methods, [1], "boot-b")
+    assert rules == [("gsm8k", "exact", 1), ("mbpp", "exact", 1), ("mbpp", "diversed", 1)]
+    assert ar == [("gsm8k", "ar", 1), ("mbpp", "ar", 1)]  # gsm8k's older target alone is another sitting's
+    assert bench_vllm.plan_phases(older, ["gsm8k"], ["ar", "diversed"], [1], "boot-b") == ([], [])
+    ar, rules = bench_vllm.plan_phases(older, ["gsm8k"], ["ar", "diversed"], [1], "boot-b", remeasure=True)
+    assert (ar, rules) == ([("gsm8k", "ar", 1)], [("gsm8k", "diversed", 1)])
+    now = [*older, phase("exact", 9.0, "boot-b"), phase("ar", 6.0, "boot-b")]
+    assert bench_vllm.plan_phases(now, ["gsm8k"], methods, [1], "boot-b", remeasure=True) == (
+        [], [("gsm8k", "diversed", 1)])  # fmt: skip
+    assert bench_vllm.plan_phases(now, ["gsm8k"], ["exact"], [1], "boot-b") == ([], [])  # no target alone asked
+
+    records = [{"task": p["task"], "method": p["method"], "concurrency": 1, "quality": 1.0, "seconds": 1.0,
+                "finish_reason": "stop", **{k: p[k] for k in ("sitting",) if k in p}} for p in now]  # fmt: skip
+    (tmp_path / "phases.jsonl").write_text("".join(json.dumps(p) + "\n" for p in now))
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rows = [line for line in bench_vllm.report(tmp_path).splitlines() if line.startswith("| gsm8k")]
+    assert [row.split(" | ")[1:4] + [row.split(" | ")[7]] for row in rows] == [
+        ["ar", "1", "-", "1.00×"], ["diversed", "1", "-", "1.50×"],
+        ["ar", "1", "1", "1.00×"], ["exact", "1", "1", "1.50×"],
+    ]  # fmt: skip
+
+
 def test_vllm_bench_refuses_to_pair_phases_from_another_machine(monkeypatch, tmp_path):
     """benchmarks/bench_vllm.py pairs every phase with the target alone from the same directory, so it resumes only
     on the machine class and setting that wrote it; phases from before the CPU's name was recorded compare the rest,
