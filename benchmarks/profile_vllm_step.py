@@ -54,8 +54,9 @@ def main() -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    root = os.path.expanduser("~/.cache/hf_diversed/models/")
-    target, draft = root + "qwen2.5-coder-1.5b-instruct", root + "qwen2.5-coder-0.5b-instruct"
+    from hf_diversed.evaluation.real_models import ensure_pair
+
+    target, draft = (str(path) for path in ensure_pair())  # the pair bench_vllm.py serves, where `models` put it
     ids = AutoTokenizer.from_pretrained(target).apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True
     )["input_ids"]
