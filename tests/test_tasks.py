@@ -164,7 +164,7 @@ def test_rows_by_id_in_the_order_given(data):
         get_task("cnndm").load("test", ids=[ids[0], "no-such-story"])
 
 
-@pytest.mark.parametrize("task", ["gsm8k", "mbpp", "cnndm"])
+@pytest.mark.parametrize("task", ["gsm8k", "mbpp", "cnndm", "xsum"])
 def test_table1_id_lists_name_the_rows_the_records_were_made_on(data, task):
     """docs/table1/<task>/ids.txt (what a user on the Hub passes to --ids) selects exactly the rows of the
     committed records, index by index, with the prompts they were made on."""
@@ -409,7 +409,7 @@ def test_hub_path_offline_reads_the_same_rows_as_the_local_folder(data, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.real_weights
-@pytest.mark.parametrize("task", ["gsm8k", "mbpp", "cnndm"])
+@pytest.mark.parametrize("task", ["gsm8k", "mbpp", "cnndm", "xsum"])
 def test_table1_records_match_their_prompts(data, task):
     """Every committed Table 1 record's prompt length is that of its row's chat prompt under the real tokenizer:
     the rows load as they did when the records were made."""
