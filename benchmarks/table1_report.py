@@ -374,8 +374,8 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
 
 def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
     """What Table 1 still lacks under ``root``, per task of the paper's table: its records, methods caught mid-run,
-    SD with the LoRA-distilled draft (``LORA_TASKS``), and a real-speed timing run with ``timed_examples`` examples
-    of every method."""
+    SD with the LoRA-distilled draft (``LORA_TASKS``), the task's own learned head, and a real-speed timing run with
+    ``timed_examples`` examples of every method."""
     missing = []
     for task in PAPER:
         records = bench.load_records(root / task / bench.RESULTS_FILE)
@@ -386,6 +386,8 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
             missing.append(f"{task}: {len(partial)} methods mid-run")
         if task in LORA_TASKS and not any(r["method"] == LORA_METHOD for r in records):
             missing.append(f"{task}: SD with the LoRA-distilled draft")
+        if not any(r["method"] == "diversed" and _trained_on(r["head"]) == task for r in records):
+            missing.append(f"{task}: a head trained on it")
         timed = Counter(method_label(r) for r in _loop_records(root / f"{task}-timed"))
         if not timed:
             missing.append(f"{task}: the real-speed timing run")

@@ -982,8 +982,9 @@ def test_table1_report_says_when_a_timing_run_was_resumed_in_another_invocation(
 
 
 def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch):
-    """Until every task has its records, SD with the distilled draft, a full timing run, and draft lengths 3 and 7 with
-    their timing run, the report names what is missing (and the title says "in progress" while anything is)."""
+    """Until every task has its records, SD with the distilled draft, a head trained on it, a full timing run, and draft
+    lengths 3 and 7 with their timing run, the report names what is missing (and the title says "in progress" while
+    anything is)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import table1_report
 
@@ -998,6 +999,7 @@ def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch
     )
     assert table1_report.outstanding(tmp_path, timed_examples=2) == [
         "gsm8k: SD with the LoRA-distilled draft",
+        "gsm8k: a head trained on it",
         "gsm8k: the real-speed timing run",
         "gsm8k: draft lengths 3 and 7",
         "gsm8k: the draft lengths' timing run",
@@ -1010,8 +1012,9 @@ def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch
     assert "gsm8k: the real-speed timing run" not in table1_report.outstanding(tmp_path, timed_examples=2)
     lengths = ["--methods", "exact", "--timed-examples", "0", "--output-dir", str(tmp_path / "gsm8k")]
     assert bench.main([*common, *lengths, "--num-assistant-tokens", "3,7"]) == 0
-    assert table1_report.outstanding(tmp_path, timed_examples=2)[:3] == [
+    assert table1_report.outstanding(tmp_path, timed_examples=2)[:4] == [
         "gsm8k: SD with the LoRA-distilled draft",
+        "gsm8k: a head trained on it",
         "gsm8k: the draft lengths' timing run",
         "mbpp: every record",
     ]
