@@ -386,7 +386,7 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
             missing.append(f"{task}: {len(partial)} methods mid-run")
         if task in LORA_TASKS and not any(r["method"] == LORA_METHOD for r in records):
             missing.append(f"{task}: SD with the LoRA-distilled draft")
-        if not any(r["method"] == "diversed" and _trained_on(r["head"]) == task for r in records):
+        if task not in {_trained_on(head) for head in {r["head"] for r in records if r["method"] == "diversed"}}:
             missing.append(f"{task}: a head trained on it")
         timed = Counter(method_label(r) for r in _loop_records(root / f"{task}-timed"))
         if not timed:
