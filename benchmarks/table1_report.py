@@ -388,17 +388,20 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
             missing.append(f"{task}: SD with the LoRA-distilled draft")
         if task not in {_trained_on(head) for head in {r["head"] for r in records if r["method"] == "diversed"}}:
             missing.append(f"{task}: a head trained on it")
-        timed = Counter(method_label(r) for r in _loop_records(root / f"{task}-timed"))
-        if not timed:
+        least = _least_timed(root / f"{task}-timed")
+        if least is None:
             missing.append(f"{task}: the real-speed timing run")
-        elif min(timed.values()) < timed_examples:
-            missing.append(f"{task}: the timing run, at {min(timed.values())} of {timed_examples} examples")
+        elif least < timed_examples:
+            missing.append(f"{task}: the timing run, at {least} of {timed_examples} examples")
         if task in DRAFT_LENGTH_TASKS:
             lengths = {r["N"] for r in records if r.get("engine") == "sampler" and r["temperature"] == 1}
             if not {3, 7} <= lengths:
                 missing.append(f"{task}: draft lengths 3 and 7")
-            if not _loop_records(root / f"{task}{DRAFT_TIMED_SUFFIX}"):
+            least = _least_timed(root / f"{task}{DRAFT_TIMED_SUFFIX}")
+            if least is None:
                 missing.append(f"{task}: the draft lengths' timing run")
+            elif least < timed_examples:
+                missing.append(f"{task}: the draft lengths' timing run, at {least} of {timed_examples} examples")
         if task == FIGURE2[0]:
             missing += _figure2_outstanding(root, records)
     return missing
@@ -407,6 +410,12 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
 def _loop_records(timed_dir: Path) -> list[dict]:
     """A timing run's batch-1 loop records (none where the run has not started)."""
     return [r for r in bench.load_records(timed_dir / bench.RESULTS_FILE) if r.get("engine", "loop") == "loop"]
+
+
+def _least_timed(timed_dir: Path) -> int | None:
+    """The fewest examples any (method, N) of a timing run has timed (None where the run has not started)."""
+    timed = Counter((method_label(r), r["N"]) for r in _loop_records(timed_dir))
+    return min(timed.values()) if timed else None
 
 
 def _figure2_outstanding(root: Path, records: list[dict]) -> list[str]:

@@ -1019,6 +1019,12 @@ def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch
         "mbpp: every record",
     ]
     assert "gsm8k: the timing run, at 2 of 3 examples" in table1_report.outstanding(tmp_path, timed_examples=3)
+    draft_timed = ["--methods", "exact", "--timed-examples", "2", "--output-dir", str(tmp_path / "gsm8k-draft-timed")]
+    assert bench.main([*common, *draft_timed, "--num-assistant-tokens", "3,5,7"]) == 0
+    assert "gsm8k: the draft lengths' timing run" not in table1_report.outstanding(tmp_path, timed_examples=2)
+    assert "gsm8k: the draft lengths' timing run, at 2 of 3 examples" in table1_report.outstanding(
+        tmp_path, timed_examples=3
+    )
 
 
 def test_pilot_report_sets_a_pilots_methods_beside_the_tables_on_the_pilots_rows(setup, tmp_path, monkeypatch, capsys):
