@@ -388,20 +388,15 @@ def outstanding(root: Path, timed_examples: int = TIMED_EXAMPLES) -> list[str]:
             missing.append(f"{task}: SD with the LoRA-distilled draft")
         if task not in {_trained_on(head) for head in {r["head"] for r in records if r["method"] == "diversed"}}:
             missing.append(f"{task}: a head trained on it")
-        least = _least_timed(root / f"{task}-timed")
-        if least is None:
-            missing.append(f"{task}: the real-speed timing run")
-        elif least < timed_examples:
-            missing.append(f"{task}: the timing run, at {least} of {timed_examples} examples")
+        missing += _timing_gap(
+            root / f"{task}-timed", f"{task}: the real-speed timing run", f"{task}: the timing run", timed_examples
+        )
         if task in DRAFT_LENGTH_TASKS:
             lengths = {r["N"] for r in records if r.get("engine") == "sampler" and r["temperature"] == 1}
             if not {3, 7} <= lengths:
                 missing.append(f"{task}: draft lengths 3 and 7")
-            least = _least_timed(root / f"{task}{DRAFT_TIMED_SUFFIX}")
-            if least is None:
-                missing.append(f"{task}: the draft lengths' timing run")
-            elif least < timed_examples:
-                missing.append(f"{task}: the draft lengths' timing run, at {least} of {timed_examples} examples")
+            name = f"{task}: the draft lengths' timing run"
+            missing += _timing_gap(root / f"{task}{DRAFT_TIMED_SUFFIX}", name, name, timed_examples)
         if task == FIGURE2[0]:
             missing += _figure2_outstanding(root, records)
     return missing
@@ -412,10 +407,14 @@ def _loop_records(timed_dir: Path) -> list[dict]:
     return [r for r in bench.load_records(timed_dir / bench.RESULTS_FILE) if r.get("engine", "loop") == "loop"]
 
 
-def _least_timed(timed_dir: Path) -> int | None:
-    """The fewest examples any (method, N) of a timing run has timed (None where the run has not started)."""
+def _timing_gap(timed_dir: Path, absent: str, partial: str, timed_examples: int) -> list[str]:
+    """``[absent]`` where a timing run has not started, ``[partial + ", at k of n examples"]`` while some (method, N)
+    of it has timed fewer than ``timed_examples`` examples, else nothing."""
     timed = Counter((method_label(r), r["N"]) for r in _loop_records(timed_dir))
-    return min(timed.values()) if timed else None
+    if not timed:
+        return [absent]
+    least = min(timed.values())
+    return [f"{partial}, at {least} of {timed_examples} examples"] if least < timed_examples else []
 
 
 def _figure2_outstanding(root: Path, records: list[dict]) -> list[str]:
