@@ -269,16 +269,16 @@ def test_windows_compiled_ahead_leave_nothing_to_compile(monkeypatch):
             target, draft, max_cache_len=48, num_assistant_tokens=3, compile_config=config, diversed_head=with_head
         )
         assert windows == [8, 16, 32, 48 + 3 + 1], windows
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     del seen[:]
-    for i, ids in enumerate(prompts(2, length=5, seed=0)):
-        for rule, new in (("static:0.5", 40), ("diversed", 30)):
-            expected = _generate(pair, ids, rule, 3, static=False, do_sample=False, max_new_tokens=new)
-            actual = _generate(
-                pair, ids, rule, 3, static=True, do_sample=False, max_new_tokens=new, compile_config=config,
-                max_cache_len=48,
-            )  # fmt: skip
-            _assert_same(expected, actual, f"compiled ahead, prompt {i}, {rule}")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i, ids in enumerate(prompts(2, length=5, seed=0)):
+            for rule, new in (("static:0.5", 40), ("diversed", 30)):
+                expected = _generate(pair, ids, rule, 3, static=False, do_sample=False, max_new_tokens=new)
+                actual = _generate(
+                    pair, ids, rule, 3, static=True, do_sample=False, max_new_tokens=new, compile_config=config,
+                    max_cache_len=48,
+                )  # fmt: skip
+                _assert_same(expected, actual, f"compiled ahead, prompt {i}, {rule}")
     assert len(set(seen)) >= 3, seen
 
 
@@ -347,7 +347,7 @@ def test_a_faulty_loop_fails_the_law_tests(tiny_pair, monkeypatch):
 
 
 @pytest.mark.slow
-def test_inductor_compiled_loop_needs_no_recompile_after_warm_up(pair, monkeypatch):
+def test_inductor_compiled_loop_needs_no_recompile_after_warm_up(pair):
     """The first call compiles the draft's one-token step and the target's N + 1 verification (the inductor, as a
     user compiles on a CPU); later calls with other prompts, rules and fewer new tokens reuse both graphs."""
     target, draft, head = pair
@@ -359,14 +359,14 @@ def test_inductor_compiled_loop_needs_no_recompile_after_warm_up(pair, monkeypat
         pair, first, "static:0.5", 4, static=True, do_sample=False, max_new_tokens=32, compile_config=config
     )
     _assert_same(expected, warm, "inductor, warm-up call")
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    for i, ids in enumerate(prompts(3, length=4, seed=9)):
-        for rule, new in (("exact", 30), ("cascade-opt:0.1", 17), ("static:0.5", 8)):
-            expected = _generate(pair, ids, rule, 4, static=False, do_sample=False, max_new_tokens=new)
-            actual = _generate(
-                pair, ids, rule, 4, static=True, do_sample=False, max_new_tokens=new, compile_config=config
-            )
-            _assert_same(expected, actual, f"inductor, prompt {i}, {rule}, {new} tokens")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i, ids in enumerate(prompts(3, length=4, seed=9)):
+            for rule, new in (("exact", 30), ("cascade-opt:0.1", 17), ("static:0.5", 8)):
+                expected = _generate(pair, ids, rule, 4, static=False, do_sample=False, max_new_tokens=new)
+                actual = _generate(
+                    pair, ids, rule, 4, static=True, do_sample=False, max_new_tokens=new, compile_config=config
+                )
+                _assert_same(expected, actual, f"inductor, prompt {i}, {rule}, {new} tokens")
 
 
 # ------------------------------------------------------------------------------------------------ errors
