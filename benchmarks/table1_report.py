@@ -334,6 +334,13 @@ def _costs(out_dir: Path) -> dict:
     return json.loads((out_dir / "costs.json").read_text()) if (out_dir / "costs.json").is_file() else {}
 
 
+def _previous_summary(out_dir: Path) -> dict:
+    """The folder's ``summary.json`` as last written (by the bench or this report): a rebuild keeps its command and
+    the bench's configuration."""
+    path = out_dir / bench.SUMMARY_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     """The real batch-1 loop's speed from a task's timing run (``<task>-timed``): its summary rows with a speedup,
     by (temperature, method with its head, N); a line saying how it was timed; its costs (measured in the same run)."""
@@ -341,13 +348,14 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
     loop = [r for r in records if r.get("engine", "loop") == "loop"]
     if not loop:
         return {}, [], {}
-    previous = timed_dir / bench.SUMMARY_FILE
+    previous = _previous_summary(timed_dir)
     runs = load_runs(timed_dir)
     # A run stopped before its summary still logged its command when it started.
-    command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
-    command = command or (runs[-1].get("command") if runs else None)
+    command = previous.get("command") or (runs[-1].get("command") if runs else None)
     costs = _costs(timed_dir)
-    summary = bench.summarize(records, timed_dir, command=command, costs=costs, runs=runs)
+    summary = bench.summarize(
+        records, timed_dir, command=command, costs=costs, config=previous.get("config"), runs=runs
+    )
     rows = {(r["temperature"], method_label(r), r["N"]): r for r in summary["rows"] if r.get("speedup") is not None}
     ar = next((r for r in summary["rows"] if r["method"] == "ar" and r.get("tokens_per_s")), None)
     counts = sorted({r["n_timed"] for r in summary["rows"] if r.get("n_timed")})
@@ -453,9 +461,11 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     first = records[0]
     pair = (first["target"], first.get("draft") or first["target"])
     beside_timing, costs = _with_timing_costs(_costs(out_dir), timed_costs, pair, first["dtype"])
-    previous = out_dir / bench.SUMMARY_FILE
-    command = json.loads(previous.read_text()).get("command") if previous.is_file() else None
-    summary = bench.summarize(records, out_dir, command=command, costs=costs, runs=load_runs(out_dir))
+    previous = _previous_summary(out_dir)
+    summary = bench.summarize(
+        records, out_dir, command=previous.get("command"), costs=costs, config=previous.get("config"),
+        runs=load_runs(out_dir),
+    )  # fmt: skip
     rows = [r for r in summary["rows"] if r["method"] != "ar"]
     capabilities = ", ".join(summary.get("cpu_capabilities") or []) or "unknown"
     lines = [

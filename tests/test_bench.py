@@ -973,8 +973,11 @@ def test_table1_report_says_when_a_timing_run_was_resumed_in_another_invocation(
     assert bench.main([*common, "--methods", "ar,exact"]) == 0
     time.sleep(1.1)  # the run log and the records are stamped to the second
     assert bench.main([*common, "--methods", "ar,exact,static:0"]) == 0
+    config = json.loads((timed_dir / bench.SUMMARY_FILE).read_text())["config"]
 
     rows, (line,), _ = table1_report.timed_section(timed_dir)
+    assert config["methods"] == ["ar", "exact", "static:0"]  # the report's rebuild keeps the bench's configuration
+    assert json.loads((timed_dir / bench.SUMMARY_FILE).read_text())["config"] == config
     starts = [run["started"] for run in bench.load_runs(timed_dir)]
     assert len(starts) == 2 and f"timed in 2 invocations (started {starts[0]}, {starts[1]}:" in line
     assert "every method in one run" not in line
