@@ -904,7 +904,7 @@ def test_table1_report_draws_the_greedy_frontier_against_real_time_and_acceptanc
     assert any(line.startswith("Real time per token: not yet timed") for line in untimed)
     monkeypatch.setattr(table1_report, "FIGURE2", ("gsm8k", 2, 5))
     records = bench.load_records(out / bench.RESULTS_FILE)
-    assert table1_report._figure2_outstanding(tmp_path, records) == [
+    assert table1_report._figure2_outstanding(tmp_path, records, timed_examples=2) == [
         "gsm8k: the T = 0 frontier, 4 of 5 weights on 2 stories",
         "gsm8k: the T = 0 frontier's timing run",
     ]
@@ -924,8 +924,11 @@ def test_table1_report_draws_the_greedy_frontier_against_real_time_and_acceptanc
     assert rows["static:0.3"][6] == "-"  # sampled, not timed
     assert rows["static:0"][4] == "100.0%"  # w = 0 accepts every draft
     assert (out / table1_report.GREEDY_PLOT_FILE).is_file()
-    assert table1_report._figure2_outstanding(tmp_path, records) == [
+    assert table1_report._figure2_outstanding(tmp_path, records, timed_examples=2) == [
         "gsm8k: the T = 0 frontier, 4 of 5 weights on 2 stories"
+    ]
+    assert table1_report._figure2_outstanding(tmp_path, records, timed_examples=3)[1:] == [
+        "gsm8k: the T = 0 frontier's timing run, at 2 of 3 examples"
     ]
 
 
