@@ -20,6 +20,7 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 from hf_diversed.evaluation import bench
@@ -69,7 +70,9 @@ def _num(x, spec=".2f") -> str:
 
 
 def _model(speedup, speedup_v1) -> str:
-    return "-" if speedup is None else f"{speedup:.2f}× ({_num(speedup_v1)}×)"
+    if speedup is None:  # no v measured at this N: the v = 1 model alone, where there is one
+        return "-" if speedup_v1 is None else f"- ({speedup_v1:.2f}×)"
+    return f"{speedup:.2f}× ({_num(speedup_v1)}×)"
 
 
 def _gap(value, interval, defined: float, spec: str, scale: float = 1.0) -> str:
@@ -322,12 +325,16 @@ def greedy_frontier_section(task: str, out_dir: Path) -> list[str]:
     return lines
 
 
-def _with_timing_costs(costs: dict, timing_costs: dict, pair: tuple, dtype: str) -> tuple[tuple | None, dict]:
-    """``costs`` with the pair's c and v replaced by a timing run's, whatever its dtype: the speed models predict the
-    real timing (which may run on a later machine than the sampler's records). Returns (the timing run's
-    (dtype, costs) or None, the merged costs)."""
-    measured = pair_costs(timing_costs, *pair, dtype)
-    return measured, {**costs, **({costs_key(*pair, dtype): measured[1]} if measured else {})}
+def _with_timing_costs(
+    costs: dict, timing_costs: dict, pair: tuple, dtypes: Iterable[str]
+) -> tuple[tuple | None, dict]:
+    """``costs`` with the pair's c and v under each of the records' ``dtypes`` replaced by a timing run's, whatever
+    its dtype: the speed models predict the real timing (which may run on a later machine than the sampler's
+    records), with one c and v(N) for every row. Returns (the timing run's (dtype, costs) or None, the merged
+    costs)."""
+    dtypes = sorted(set(dtypes))
+    measured = pair_costs(timing_costs, *pair, dtypes[0])
+    return measured, {**costs, **({costs_key(*pair, d): measured[1] for d in dtypes} if measured else {})}
 
 
 def _costs(out_dir: Path) -> dict:
@@ -461,7 +468,8 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     timed, timed_lines, timed_costs = timed_section(out_dir.parent / f"{task}-timed")
     first = records[0]
     pair = (first["target"], first.get("draft") or first["target"])
-    beside_timing, costs = _with_timing_costs(_costs(out_dir), timed_costs, pair, first["dtype"])
+    dtypes = {r["dtype"] for r in records}
+    beside_timing, costs = _with_timing_costs(_costs(out_dir), timed_costs, pair, dtypes)
     previous = _previous_summary(out_dir)
     summary = bench.summarize(
         records, out_dir, command=previous.get("command"), costs=costs, config=previous.get("config"),
@@ -535,7 +543,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     # The draft lengths' own timing run (benchmarks/draft_length.sh: N = 3, 5, 7 side by side) where there is one.
     length_timed, length_lines, length_costs = timed_section(out_dir.parent / f"{task}{DRAFT_TIMED_SUFFIX}")
     if length_timed:
-        _, length_costs = _with_timing_costs(costs, length_costs, pair, first["dtype"])
+        _, length_costs = _with_timing_costs(costs, length_costs, pair, dtypes)
         lines += draft_length_section(records, length_timed, length_costs, length_lines)
     else:
         lines += draft_length_section(records, timed, costs)
@@ -546,7 +554,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     lines += ["", f"![quality vs acceptance]({plot})", ""]
     if task in PAPER:
         sd, ours, quality = PAPER[task]
-        exact = next((r for r in rows if r["method"] == "exact" and r["temperature"] == 1.0), None)
+        exact = next((r for r in rows if r["method"] == "exact" and r["temperature"] == 1.0 and r["N"] == 5), None)
         lines += [
             "Beside the paper's Table 1 (a different pair: Llama-3.1-8B / Llama-3.2-1B, N = 5, T = 1):",
             "",
@@ -594,11 +602,11 @@ def cross_task_section(root: Path) -> list[str]:
                     f"{_gap(c['quality_gap'], c['quality_gap_ci'], c['quality_gap_defined'], '.1f')} "
                     f"({c['n']} shared): {c['verdict']}"
                 )  # fmt: skip
-                rows.append(
+                rows.append((TASKS.index(task), head, n, length,
                     f"| `{head}` | {_trained_on(head)} | {task} | {n} | {length} | {row['n']} | "
                     f"{format_quality(row)} | {format_paired_diff(row)} | {_pct(row['acceptance_rate'])} | "
                     f"{_num(row['mean_weight'])} | {verdict} |"
-                )
+                ))  # fmt: skip
     if not rows:
         return []
     return [
@@ -612,7 +620,7 @@ def cross_task_section(root: Path) -> list[str]:
         "| head | trained on | evaluated on | N | tokens | n | quality ×100 [95% CI] | Δ vs target [95% CI] | "
         "acceptance | mean w | against the static frontier |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
-        *rows,
+        *(line for *_, line in sorted(rows)),  # per task, each head's draft lengths together
         "",
     ]
 

@@ -19,6 +19,7 @@ from transformers import LlamaForCausalLM
 
 from hf_diversed import DiversedHead
 from hf_diversed.evaluation import bench
+from hf_diversed.evaluation.bench.costs import costs_key
 
 METHODS = ["ar", "exact", "lossy:0.5", "cascade-opt:0.2", "diversed", "static:0.3", "static:0.7"]
 
@@ -746,12 +747,18 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
         ship_head.main(["--run", str(tmp_path / "runs" / "head"), "--table1", "table1", "--dest", str(dest), "--",
                         *train_args])  # fmt: skip
 
-    # the same records in docs/results.md's row beside the paper's Table 1: exact SD's and the head's acceptance
+    # the same records in docs/results.md's row beside the paper's Table 1: exact SD's and the head's acceptance, at
+    # Table 1's N = 5 though exact SD has a draft length of 3 beside it
     import table1_report
 
+    short = [*bench_args, "--num-assistant-tokens", "3"]
+    short[short.index("--methods") + 1] = "exact"
+    del short[short.index("--head") : short.index("--head") + 2]
+    assert bench.main(short) == 0
     lines = table1_report.task_section("gsm8k", tmp_path / "table1")
     row = next(line for line in lines if line.startswith("| this pair, head `runs/head` |"))
-    summary = {r["method"]: r for r in json.loads((tmp_path / "table1" / bench.SUMMARY_FILE).read_text())["rows"]}
+    rows = json.loads((tmp_path / "table1" / bench.SUMMARY_FILE).read_text())["rows"]
+    summary = {r["method"]: r for r in rows if r["N"] == 5}
     assert (
         f"| {100 * summary['exact']['acceptance_rate']:.1f}% | {100 * summary['diversed']['acceptance_rate']:.1f}% |"
         in row
@@ -846,8 +853,9 @@ def test_table1_report_sets_each_draft_length_side_by_side_on_shared_examples(
     setup, tmp_path, monkeypatch, timed_suffix
 ):
     """A rule run at several N: one row per N on the examples every N shares (N = 3 on rows 0-1 only, so N = 2 is
-    cut to them), v(N) and the τ model from the timing run's costs, the real speedup per N, and the fastest N. The
-    timing is Table 1's run (``<task>-timed``) or the draft lengths' own (``<task>-draft-timed``, named below)."""
+    cut to them), v(N) and the τ model from the timing run's costs (N = 3 was sampled in another dtype, whose own
+    costs are not the timing run's), the real speedup per N, and the fastest N. The timing is Table 1's run
+    (``<task>-timed``) or the draft lengths' own (``<task>-draft-timed``, named below)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import table1_report
 
@@ -858,7 +866,12 @@ def test_table1_report_sets_each_draft_length_side_by_side_on_shared_examples(
     ]  # fmt: skip
     table = [*common, "--timed-examples", "0", "--no-costs", "--output-dir", str(tmp_path / "gsm8k")]
     assert bench.main([*table, "--num-examples", "3", "--num-assistant-tokens", "2"]) == 0
-    assert bench.main([*table, "--num-examples", "2", "--num-assistant-tokens", "3"]) == 0
+    in_bf16 = [*table, "--num-examples", "2", "--num-assistant-tokens", "3"]
+    in_bf16[in_bf16.index("float32")] = "bfloat16"
+    assert bench.main(in_bf16) == 0
+    sampled = bench.load_records(tmp_path / "gsm8k" / bench.RESULTS_FILE)[-1]
+    own = {costs_key(sampled["target"], sampled["draft"], "bfloat16"): {"c": 0.9, "v": {"3": 5.0}}}
+    (tmp_path / "gsm8k" / bench.COSTS_FILE).write_text(json.dumps(own))  # the sampler's own bf16 costs, far off
     timed_dir = tmp_path / f"gsm8k{timed_suffix}"
     timed = [*common, "--num-examples", "2", "--timed-examples", "2", "--output-dir", str(timed_dir)]
     assert bench.main([*timed, "--num-assistant-tokens", "2,3"]) == 0

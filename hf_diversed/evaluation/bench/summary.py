@@ -188,7 +188,7 @@ def summarize_records(records: Sequence[dict], costs: dict | None = None) -> lis
         return (
             order.get(row["task"], 99), row["task"], row["temperature"], str(row["target"]), row["max_new_tokens"],
             _FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER), family, _num(method),
-            row["N"] or 0, str(row["draft"]), str(row["head"]),
+            str(row["draft"]), str(row["head"]), row["N"] or 0,  # each rule's draft lengths together
         )  # fmt: skip
 
     return sorted(rows, key=sort_key)
