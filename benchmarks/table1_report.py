@@ -520,7 +520,8 @@ def task_section(task: str, out_dir: Path) -> list[str]:
             f"{cost['draft_seconds_per_token']:.3f} s/token (c = {cost['c']:.3f}), v = "
             + ", ".join(f"{v:.2f} (N = {n})" for n, v in (cost.get("v") or {}).items() if v)
             + ". τ model: speedup = τ / (N·c + v) from the measured tokens per round τ (in parentheses v = 1, a "
-            "verification as cheap as one decode step). i.i.d. model: (1 − α^(N+1)) / ((1 − α)(N·c + v)) from the "
+            "verification as cheap as one decode step; `-` before it at an N whose v was not measured here). i.i.d. "
+            "model: (1 − α^(N+1)) / ((1 − α)(N·c + v)) from the "
             "acceptance α, which under-predicts because acceptance is bursty. Real speedup: tokens/s of the real "
             "batch-1 loop over the target alone's on the timed examples (`-` where none were timed yet).",
         ]

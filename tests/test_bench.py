@@ -829,15 +829,16 @@ def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_n
     ]
     timed = [*common, "--timed-examples", "2", "--dtype", "bfloat16", "--output-dir", str(tmp_path / "gsm8k-timed")]
     assert bench.main(table) == 0 and bench.main(timed) == 0
+    assert bench.main([*table, "--num-assistant-tokens", "3"]) == 0  # an N whose v the timing run did not measure
 
     lines = table1_report.task_section("gsm8k", tmp_path / "gsm8k")
     (cost,) = json.loads((tmp_path / "gsm8k-timed" / bench.COSTS_FILE).read_text()).values()
-    (row,) = [
-        r for r in json.loads((tmp_path / "gsm8k" / bench.SUMMARY_FILE).read_text())["rows"] if r["method"] == "exact"
-    ]
-    tau_model = row["mean_accepted_per_round"] / (5 * cost["c"] + cost["v"]["5"])
+    rows = {r["N"]: r for r in json.loads((tmp_path / "gsm8k" / bench.SUMMARY_FILE).read_text())["rows"]}
+    tau_model = rows[5]["mean_accepted_per_round"] / (5 * cost["c"] + cost["v"]["5"])
     exact_line = next(line for line in lines if line.startswith("| 1 | exact | 5 |"))
     assert f"| {tau_model:.2f}× (" in exact_line
+    short_line = next(line for line in lines if line.startswith("| 1 | exact | 3 |"))
+    assert f"| - ({rows[3]['mean_accepted_per_round'] / (3 * cost['c'] + 1):.2f}×) |" in short_line  # v = 1 alone
     assert any(line.startswith("Costs measured beside the real timing (bfloat16)") for line in lines)
     speed_line = next(line for line in lines if line.startswith("Real speed:"))
     assert "dtype bfloat16, CPU" in speed_line
