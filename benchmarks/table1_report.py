@@ -277,7 +277,7 @@ def greedy_frontier_section(task: str, out_dir: Path) -> list[str]:
     records hold a static sweep of four weights or more."""
     groups = [(key, g) for key, g in _sampler_groups(bench.load_records(out_dir / bench.RESULTS_FILE)) if key[0] == 0]
     lines: list[str] = []
-    timed, timed_lines, _ = timed_section(out_dir.parent / f"{task}{GREEDY_TIMED_SUFFIX}")
+    timed, timed_lines, _ = timed_section(out_dir.parent / f"{task}{GREEDY_TIMED_SUFFIX}", v1_columns=False)
     ar = timed.get((0.0, "ar", None))
     from hf_diversed.evaluation.plotting import plot_quality_frontiers
 
@@ -348,9 +348,10 @@ def _previous_summary(out_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
+def timed_section(timed_dir: Path, *, v1_columns: bool = True) -> tuple[dict[tuple, dict], list[str], dict]:
     """The real batch-1 loop's speed from a task's timing run (``<task>-timed``): its summary rows with a speedup,
-    by (temperature, method with its head, N); a line saying how it was timed; its costs (measured in the same run)."""
+    by (temperature, method with its head, N); a line saying how it was timed (and reading the v = 1 columns of the
+    table it follows, where it has them); its costs (measured in the same run)."""
     records = bench.load_records(timed_dir / bench.RESULTS_FILE)
     loop = [r for r in records if r.get("engine", "loop") == "loop"]
     if not loop:
@@ -381,8 +382,12 @@ def timed_section(timed_dir: Path) -> tuple[dict[tuple, dict], list[str], dict]:
         f"{', '.join(sorted({str(r.get('cpu_capability')) for r in loop}))} "
         f"(`{_shown(timed_dir)}`: `{command}`)"
         + (f"; the target alone ran at {ar['tokens_per_s']:.2f} tok/s" if ar else "")
-        + ". Where a speedup is below 1×, speculative decoding is slower than the target alone on this CPU; "
-        "the v = 1 columns show what it would reach with a verification as cheap as one decode step."
+        + ". Where a speedup is below 1×, speculative decoding is slower than the target alone on this CPU"
+        + (
+            "; the v = 1 columns show what it would reach with a verification as cheap as one decode step."
+            if v1_columns
+            else "."
+        )
     )
     return rows, [line], costs
 

@@ -221,6 +221,39 @@ def test_plot_names_every_head_apart():
     assert point_label(rows[2], multi_n=True) == "diversed org/head-gsm8k N=3"
 
 
+def test_frontier_panels_give_each_method_one_color(tmp_path):
+    """The time and acceptance panels of Figure 2 order the methods differently along x; each method keeps its
+    color and marker in both, so one legend reads both panels."""
+    from matplotlib.colors import to_hex
+
+    from hf_diversed.evaluation.plotting import _draw_panel, _figure, plot_quality_frontiers
+
+    def row(method, acceptance, seconds, quality):
+        return {"task": "cnndm", "temperature": 0.0, "N": 5, "method": method, "acceptance_rate": acceptance,
+                "seconds_per_token": seconds, "quality": quality, "quality_ci": [quality - 1, quality + 1]}  # fmt: skip
+
+    rows = [
+        row("ar", None, 0.20, 11.0),
+        row("exact", 0.55, 0.16, 11.0),
+        *(row(f"static:{w}", 1 - 0.45 * w, 0.12 + 0.04 * w, 10.5 + w) for w in (0, 0.5, 1)),
+        row("cascade-opt:0.3", 0.87, 0.14, 11.7),  # fastest of the points by acceptance, not by time
+        row("diversed", 0.86, 0.12, 11.3),
+        row("cascade-chow:0.5", 0.70, 0.13, 11.8),
+    ]
+    fig, axes = _figure(2)
+    styles = []
+    for ax, x in zip(axes, ("seconds_per_token", "acceptance_rate"), strict=True):
+        _draw_panel(ax, rows, x, "cnndm, T=0")
+        handles, labels = ax.get_legend_handles_labels()
+        points = {label: h for label, h in zip(labels, handles, strict=True) if label in {r["method"] for r in rows}}
+        styles.append({label: (to_hex(h[0].get_color()), h[0].get_marker()) for label, h in points.items()})
+    time_panel, acceptance_panel = styles
+    assert set(acceptance_panel) == {"exact", "cascade-opt:0.3", "diversed", "cascade-chow:0.5"}  # no ar: no acceptance
+    assert all(time_panel[m] == acceptance_panel[m] for m in acceptance_panel)
+    assert len(set(time_panel.values())) == len(time_panel)  # and no two methods share one
+    assert plot_quality_frontiers(rows, tmp_path / "frontier.png").is_file()
+
+
 def test_greedy_engines_agree_and_lora_draft(setup, tmp_path):
     """At T = 0 the sampler's completions are the real loop's (the LoRA draft and a token-class rule included);
     greedy exact SD is the target alone."""
@@ -938,6 +971,9 @@ def test_table1_report_draws_the_greedy_frontier_against_real_time_and_acceptanc
     assert rows["static:0.3"][6] == "-"  # sampled, not timed
     assert rows["static:0"][4] == "100.0%"  # w = 0 accepts every draft
     assert (out / table1_report.GREEDY_PLOT_FILE).is_file()
+    said = next(line for line in lines if line.startswith("Real speed: "))
+    assert "v = 1" not in said  # this table has no v = 1 columns to read
+    assert "the v = 1 columns show" in table1_report.timed_section(timed_dir)[1][0]  # Table 1's sections have them
     assert table1_report._figure2_outstanding(tmp_path, records, timed_examples=2) == [
         "gsm8k: the T = 0 frontier, 4 of 5 weights on 2 stories"
     ]

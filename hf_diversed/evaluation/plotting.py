@@ -74,17 +74,23 @@ def _draw_panel(ax, panel: list[dict], x: str, title: str) -> None:
         for r in panel
         if not r["method"].startswith("static:") and not (r["method"] == "ar" and x == "acceptance_rate")
     ]
+    # a method keeps its color from panel to panel (the panel's order, not the x order, picks it); the colors
+    # follow the sweeps' lines, a new marker every ten
+    n_sweeps = len({r.get("N") for r in panel if r["method"].startswith("static:")})
+    styles = {
+        point_label(r, multi_n): i + n_sweeps
+        for i, r in enumerate(r for r in panel if not r["method"].startswith("static:"))
+    }
     points = sorted((r for r in points if _ok(_x_value(r, x)) and _ok(r.get("quality"))), key=lambda r: _x_value(r, x))
-    for i, row in enumerate(points):
+    for row in points:
         xv, yv = _x_value(row, x), row["quality"]
         ci, err = row.get("quality_ci"), row.get("quality_stderr")
         if ci and all(_ok(c) for c in ci):  # the 95% interval, asymmetric (Wilson / bootstrap)
             yerr = [[max(0.0, yv - ci[0])], [max(0.0, ci[1] - yv)]]
         else:
             yerr = [err] if _ok(err) else None
-        # named in the legend, not beside the point: a dozen methods crowd one acceptance range; the colors
-        # after the sweeps' lines, a new marker every ten
-        style = i + len(sweeps)
+        # named in the legend, not beside the point: a dozen methods crowd one acceptance range
+        style = styles[point_label(row, multi_n)]
         ax.errorbar([xv], [yv], yerr=yerr, fmt=_MARKERS[style // 10 % len(_MARKERS)], color=f"C{style % 10}",
                     markersize=5, capsize=2, label=point_label(row, multi_n))  # fmt: skip
     metric = next((r.get("metric") for r in panel if r.get("metric")), "quality")
