@@ -305,7 +305,8 @@ def greedy_frontier_section(task: str, out_dir: Path) -> list[str]:
             f"Time–quality frontier at T = 0 (the paper's Figure 2; N = {n}, {length} new tokens): the sampler's "
             "greedy completions give quality and acceptance; the real time per token of the batch-1 loop comes from "
             "the timing run below (ms per token over the timed examples; speedup over the target alone on the same "
-            "examples). Greedy exact SD emits the target's own tokens, so the target alone has its quality.",
+            "examples). Greedy exact SD emits the target's own tokens, so the target alone has its quality (in "
+            "exact arithmetic; bf16 parts them at near-ties: [rules.md](rules.md#limits)).",
             "",
             "| method | n | quality ×100 [95% CI] | Δ vs target [95% CI] | acceptance | mean w | "
             "ms/token (n timed) | real speedup |",

@@ -236,7 +236,7 @@ def test_frontier_panels_give_each_method_one_color(tmp_path):
         row("ar", None, 0.20, 11.0),
         row("exact", 0.55, 0.16, 11.0),
         *(row(f"static:{w}", 1 - 0.45 * w, 0.12 + 0.04 * w, 10.5 + w) for w in (0, 0.5, 1)),
-        row("cascade-opt:0.3", 0.87, 0.14, 11.7),  # fastest of the points by acceptance, not by time
+        row("cascade-opt:0.3", 0.87, 0.14, 11.7),  # the highest acceptance of the points, not the fastest
         row("diversed", 0.86, 0.12, 11.3),
         row("cascade-chow:0.5", 0.70, 0.13, 11.8),
     ]
