@@ -137,7 +137,8 @@ def test_the_card_usage_example_prompts_in_the_format_the_head_was_trained_on(ta
     from hf_diversed.evaluation.tasks import get_task
     from hf_diversed.modeling.model_card import render_head_card
 
-    fields = dict(repo_id="org/h", target_model="t/T", draft_model="d/D", vocab_size=8, training="", evaluation="")
+    fields = dict(repo_id="org/h", target_model="t/T", draft_model="d/D", vocab_size=8, weights="", training="",
+                  evaluation="")  # fmt: skip
     card = render_head_card(task=task, **fields)
     lines = card[: card.index("inputs = tokenizer.apply_chat_template")].splitlines()
     code = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("draft = ")) + 1 :])

@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rule:
         from transformers import AutoTokenizer
 
-        from hf_diversed.evaluation.real_models import resolve_model
+        from hf_diversed.evaluation.weights import resolve_model
         from hf_diversed.generation.verification import parse_rule
 
         rule = parse_rule(args.rule, tokenizer=AutoTokenizer.from_pretrained(resolve_model(args.target)))

@@ -71,7 +71,7 @@ def rule_targets(rule: TokenClassEnsemble | SpecCascade, rollouts: Sequence) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoConfig, AutoTokenizer
 
-    from hf_diversed.evaluation.real_models import resolve_model
+    from hf_diversed.evaluation.weights import resolve_model
 
     (args,) = TrlParser((ImitationArguments,)).parse_args_and_config(list(sys.argv[1:] if argv is None else argv))
     target_path, draft_path = resolve_model(args.target), resolve_model(args.draft)

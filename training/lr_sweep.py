@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--sweep_steps {args.sweep_steps} exceeds the recipe's max_steps {config.max_steps}: the sweep makes the "
             "recipe's first updates; lower --sweep_steps."
         )
-    tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype))
+    tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype), config.weights)
     out_dir = Path(args.sweep_dir)
     cache = Path(args.rollouts_cache) if args.rollouts_cache else out_dir / "rollouts.pt"
     blocks = draw_block(config, args.sweep_steps, target, draft, tokenizer, cache, args.draw_chunk_steps)

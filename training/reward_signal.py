@@ -57,8 +57,8 @@ def markdown(result: dict[str, dict], coefs: Sequence[float]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
-    from hf_diversed.evaluation.real_models import resolve_model
     from hf_diversed.evaluation.tasks import get_task
+    from hf_diversed.evaluation.weights import resolve_model
     from hf_diversed.generation.verification import parse_token_class_rule
 
     (args,) = TrlParser((SignalArguments,)).parse_args_and_config(list(sys.argv[1:] if argv is None else argv))

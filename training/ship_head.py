@@ -33,8 +33,8 @@ from hf_diversed.evaluation.bench.frontier import (
 from hf_diversed.evaluation.bench.plan import load_records
 from hf_diversed.evaluation.bench.runs import invocation_of, load_runs
 from hf_diversed.evaluation.bench.summary import summarize_records
-from hf_diversed.evaluation.real_models import SPECS
-from hf_diversed.modeling.model_card import render_head_card
+from hf_diversed.evaluation.real_models import SPECS, provenance
+from hf_diversed.modeling.model_card import render_head_card, weights_sentence
 from hf_diversed.modeling.pretrained import PRETRAINED_HEADS
 from hf_diversed.trainer.curves import load_history
 from hf_diversed.trainer.diversed_trainer import training_section
@@ -188,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     repo_id = bundled.repo_id if bundled else dest.name
     # the built-in names of the real pair become their Hub ids; other names (Hub ids, paths) are kept
     target, draft = (SPECS[m].hub_id if m in SPECS else m for m in (config.target, config.draft))
+    # which weights it trained on: the run's own record, else (runs before it was recorded) the GGUF copies that the
+    # built-in names load
+    weights = head_config.get("training_weights") or {
+        role: {k: v for k, v in provenance(SPECS[m]).items() if k != "wheels"} if m in SPECS else None
+        for role, m in (("target", config.target), ("draft", config.draft))
+    }
 
     training = "```bash\npython training/train.py " + shlex.join(train_args) + "\n```\n\n" + training_section(config)
     evaluation = held_out_section(args.run, config)
@@ -197,9 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         speed = speed_section(args.table1.with_name(args.table1.name + "-timed"), head_key)
         evaluation += [""] + speed if speed else []
     card = render_head_card(repo_id=repo_id, target_model=target, draft_model=draft,
-                            vocab_size=head_config.get("vocab_size"), task=task, training=training,
+                            vocab_size=head_config.get("vocab_size"), task=task,
+                            weights=weights_sentence(weights), training=training,
                             evaluation="\n".join(evaluation))  # fmt: skip
-    head_config.update(target_model=target, draft_model=draft, task=task)
+    head_config.update(target_model=target, draft_model=draft, task=task, training_weights=weights)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_text(json.dumps(head_config, indent=2, sort_keys=True) + "\n")
     shutil.copy2(args.run / "model.safetensors", dest / "model.safetensors")

@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"saved the draft's LoRA adapter to {output_dir}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype))
+    tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype), config.weights)
     trainer = DiversedTrainer(config, target, draft, tokenizer=tokenizer)
     trainer.train()
     if trainer.accelerator.is_main_process:

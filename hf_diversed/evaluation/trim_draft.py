@@ -71,8 +71,10 @@ def default_split(task: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from .real_models import DRAFT_NAME
+    from .weights import WEIGHTS, WEIGHTS_HELP
 
-    parser.add_argument("--draft", default=DRAFT_NAME, help="draft model: built-in name, Hub id or path")
+    parser.add_argument("--draft", default=DRAFT_NAME, help="draft model: Hub id, path or a GGUF copy's name")
+    parser.add_argument("--weights", default=None, choices=WEIGHTS, help=WEIGHTS_HELP)
     parser.add_argument("--task", default="gsm8k", help="task whose rows are the corpus the ids are counted on")
     parser.add_argument("--split", default=None, help="split of --task (default: train; cnndm: test[100:])")
     parser.add_argument("--corpus-file", action="append", default=[],
@@ -87,9 +89,9 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..modeling.draft_vocabulary import trim_draft_vocabulary
-    from .real_models import resolve_model
+    from .weights import resolve_model
 
-    path = resolve_model(args.draft)
+    path = resolve_model(args.draft, args.weights)
     split = args.split or default_split(args.task)
     tokenizer = AutoTokenizer.from_pretrained(path)
     draft = AutoModelForCausalLM.from_pretrained(path)

@@ -24,6 +24,8 @@ class DiversedHeadConfig(PreTrainedConfig):
             context only, never on the drafted token, so the output law stays nu_t.
         initializer_range: std of the normal init of hidden layers.
         target_model, draft_model: provenance, the pair the head was trained for (Hub ids or names).
+        training_weights: which weights of that pair it was trained and measured on, ``{"target": {...},
+            "draft": {...}}`` (e.g. a GGUF copy's quantization and sha256; see ``hf_diversed.evaluation.weights``).
         vocab_size: the shared vocabulary size of that pair (provenance and a compatibility check).
         draft_vocabulary: fingerprint of the draft's trimmed vocabulary the head was trained with (None: the
             full vocabulary); see ``hf_diversed.trim_draft_vocabulary``.
@@ -46,6 +48,7 @@ class DiversedHeadConfig(PreTrainedConfig):
         vocab_size: int | None = None,
         task: str | None = None,
         draft_vocabulary: str | None = None,
+        training_weights: dict | None = None,
         **kwargs,
     ):
         for name, value in (("target_hidden_size", target_hidden_size), ("draft_hidden_size", draft_hidden_size)):
@@ -69,4 +72,5 @@ class DiversedHeadConfig(PreTrainedConfig):
         self.vocab_size = vocab_size
         self.task = task
         self.draft_vocabulary = draft_vocabulary
+        self.training_weights = training_weights
         super().__init__(**kwargs)

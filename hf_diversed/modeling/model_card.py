@@ -1,12 +1,12 @@
-"""Model cards of DIVERSED head repositories, rendered from ``model_cards/diversed_head.md``."""
+"""Model cards of DIVERSED head repositories, rendered from ``model_cards/diversed_head.md`` (package data)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-CARD_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "diversed_head.md"
-CARD_FIELDS = ("repo_id", "target_model", "draft_model", "vocab_size", "task", "training", "evaluation")
+CARD_TEMPLATE = Path(__file__).resolve().parent / "model_cards" / "diversed_head.md"
+CARD_FIELDS = ("repo_id", "target_model", "draft_model", "vocab_size", "task", "weights", "training", "evaluation")
 
 USAGE_DIR = CARD_TEMPLATE.parent / "usage"  # <task>.py: the lines defining `messages` in the task's prompt format
 
@@ -30,14 +30,25 @@ def render_head_card(**values: object) -> str:
     missing = [name for name in CARD_FIELDS if name not in values]
     if missing:
         raise ValueError(f"render_head_card needs {', '.join(missing)}.")
-    if CARD_TEMPLATE.is_file():
-        return CARD_TEMPLATE.read_text().format(messages=usage_messages(str(values["task"] or "")), **values)
-    # Installed without the repository's model_cards/ folder: a minimal card with the same facts.
-    return (
-        f"# DIVERSED ensemble head: {values['task']}\n\nTarget `{values['target_model']}`, draft "
-        f'`{values["draft_model"]}`; use `diversed_head="{values["repo_id"]}"`.\n\n'
-        f"## Training\n\n{values['training']}\n\n## Evaluation\n\n{values['evaluation']}\n"
-    )
+    return CARD_TEMPLATE.read_text().format(messages=usage_messages(str(values["task"] or "")), **values)
+
+
+def weights_sentence(training_weights: dict | None) -> str:
+    """The card's sentence on which weights of the pair a head was trained and measured on."""
+    records = [(role, (training_weights or {}).get(role)) for role in ("target", "draft")]
+    if not all(record for _, record in records):
+        return "not recorded."
+    if all(record.get("weights") == "gguf" for _, record in records):
+        hashes = ", ".join(
+            f"{role} `{record.get('gguf_file')}` sha256 `{record.get('sha256')}`" for role, record in records
+        )
+        quant = "/".join(sorted({str(record.get("quantization")) for _, record in records}))
+        return (
+            f"the {quant} GGUF copies of these models (4-bit quantized, dequantized to float32; {hashes}), not "
+            "their original weights: its behaviour on the original weights has not been measured."
+        )
+    return "; ".join(f"{role}: {record.get('name_or_path') or record.get('hub_id')} ({record.get('weights')})"
+                     for role, record in records) + "."  # fmt: skip
 
 
 def card_section(card: str, title: str) -> str | None:

@@ -96,7 +96,7 @@ def export_head_repo(
     Training and Evaluation sections) and, with ``custom_generate``, ``custom_generate/``. ``dest`` is replaced.
     """
     from .hub import write_custom_generate
-    from .model_card import card_section, render_head_card
+    from .model_card import card_section, render_head_card, weights_sentence
 
     source, dest = Path(source), Path(dest)
     missing = [n for n in ("config.json", "model.safetensors") if not (source / n).is_file()]
@@ -117,6 +117,7 @@ def export_head_repo(
         draft_model=config["draft_model"],
         vocab_size=config.get("vocab_size"),
         task=config.get("task"),
+        weights=weights_sentence(config.get("training_weights")),
         training=card_section(old_card, "Training") or "Not recorded.",
         evaluation=card_section(old_card, "Evaluation") or "Not evaluated.",
     )

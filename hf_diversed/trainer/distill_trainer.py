@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import random
 import re
 from collections.abc import Mapping
@@ -193,18 +192,20 @@ def __getattr__(name: str):
 def _load_missing(config: DraftDistillConfig, target, draft, tokenizer):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..evaluation.real_models import find_spec, resolve_model
+    from ..evaluation.weights import locate_model
 
     def load(name: str):
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=dtype).eval()
-        spec = None if os.path.exists(name) else find_spec(name)
-        if spec is not None:  # converted offline into a local cache: the adapter's base is still the Hub model
-            model.config.name_or_path = model.name_or_path = spec.hub_id  # PEFT reads the model's attribute
+        source = locate_model(name, config.weights)
+        if source.substituted:
+            print(f"[hf-diversed] weights: {source.line}", flush=True)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype).eval()
+        if source.substituted:  # a GGUF copy in a local cache: the adapter's base is still the Hub model
+            model.config.name_or_path = model.name_or_path = source.provenance["hub_id"]  # PEFT reads this attribute
         return model
 
     dtype = getattr(torch, config.dtype)
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.target))
+        tokenizer = AutoTokenizer.from_pretrained(locate_model(config.target, config.weights, progress=False).path)
     if target is None:
         target = load(config.target)
     if draft is None:

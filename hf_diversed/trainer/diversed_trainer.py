@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from ..evaluation.weights import weights_record
 from ..modeling.hub import push_head_folder, write_custom_generate
-from ..modeling.model_card import render_head_card
+from ..modeling.model_card import render_head_card, weights_sentence
 from ..modeling.modeling_diversed_head import DiversedHead, position_weights
 from .curves import CURVES_FILE, plot_learning_curves
 from .diversed_config import DiversedTrainerConfig
@@ -185,6 +186,7 @@ class DiversedTrainer:
         from ..generation.api import check_pair
 
         check_pair(target, draft, head)  # a head built for another pair fails here, naming both sizes
+        head.config.training_weights = {"target": weights_record(target), "draft": weights_record(draft)}
         head.float().train()
         self.ref_head = copy.deepcopy(head).requires_grad_(False).eval()
         optimizer = torch.optim.AdamW(head.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
@@ -652,6 +654,7 @@ class DiversedTrainer:
             draft_model=cfg.draft or head.config.draft_model,
             vocab_size=head.config.vocab_size,
             task=cfg.task,
+            weights=weights_sentence(head.config.training_weights),
             repo_id=cfg.hub_model_id or cfg.output_dir,
             training=training,
             evaluation=evaluation,

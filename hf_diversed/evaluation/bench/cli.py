@@ -28,11 +28,18 @@ from .runner import run_bench
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand's options to ``parser``."""
     from ..real_models import DRAFT_NAME, TARGET_NAME
+    from ..weights import WEIGHTS, WEIGHTS_HELP
 
     parser.description = __doc__.split("\n\n")[0] if __doc__ else None
     add = parser.add_argument
-    add("--target", default=TARGET_NAME, help="target model: built-in name, Hub id or local path")
+    add(
+        "--target",
+        default=TARGET_NAME,
+        help="target model: Hub id, local path, or a GGUF copy's name (default: "
+        "%(default)s, the GGUF copy the project's results were measured on)",
+    )
     add("--draft", default=DRAFT_NAME, help="draft model sharing the target's tokenizer")
+    add("--weights", default=None, choices=WEIGHTS, help=WEIGHTS_HELP)
     add("--tasks", default=",".join(DEFAULT_TASKS), help="comma list of tasks (default: %(default)s)")
     add("--split", default="test", help="dataset split (default: %(default)s)")
     add("--data-dir", default=None, help="folder with <task>/<split>.jsonl (default: $HF_DIVERSED_DATA_DIR or "
@@ -86,7 +93,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )  # fmt: skip
     command = getattr(args, "command_line", None) or shlex.join(["hf-diversed", *sys.argv[1:]])
     return BenchConfig(
-        target=args.target, draft=args.draft, tasks=tuple(_split_list(args.tasks)), split=args.split,
+        target=args.target, draft=args.draft, weights=args.weights, tasks=tuple(_split_list(args.tasks)),
+        split=args.split,
         methods=methods, heads=tuple(args.head or ()), lora_draft=args.lora_draft,
         num_assistant_tokens=args.num_assistant_tokens, temperatures=args.temperature,
         max_new_tokens=args.max_new_tokens, num_examples=args.num_examples, ar_examples=args.ar_examples,

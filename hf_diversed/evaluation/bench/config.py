@@ -167,7 +167,8 @@ def expand_methods(
 
 
 def _canonical_model(name: str) -> str:
-    """A stable model name for the records: the spec name for built-in models; for a directory, its path relative to
+    """A stable model name for the records: the name as given (a Hub id stays a Hub id: which weights ran is in each
+    record's ``weights``); the spec name for a GGUF copy named any case; for a directory, its path relative to
     the working directory when it lies inside it (records committed with a repository stay valid in any clone run
     from its root), else its absolute path."""
     from ..real_models import RealModelError, get_spec
@@ -176,9 +177,10 @@ def _canonical_model(name: str) -> str:
         path, cwd = Path(name).resolve(), Path.cwd().resolve()
         return path.relative_to(cwd).as_posix() if path.is_relative_to(cwd) else str(path)
     try:
-        return get_spec(name).name
+        spec = get_spec(name)
     except RealModelError:
         return name
+    return spec.name if name.strip().lower() == spec.name else name
 
 
 @dataclass
@@ -195,6 +197,7 @@ class BenchConfig:
 
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
+    weights: str | None = None
     tasks: tuple[str, ...] = DEFAULT_TASKS
     split: str = "test"
     methods: tuple[str, ...] = ("ar", "exact")

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..weights import records_weights
 from .config import MARKDOWN_FILE, PLOT_ACCEPTANCE_FILE, PLOT_FILE, SCHEMA_VERSION, SUMMARY_FILE
 from .plan import _clean
 from .runs import format_runs, summarize_runs
@@ -52,6 +53,7 @@ def summarize(records: Sequence[dict], out_dir: str | os.PathLike, *, command: s
         "assumptions": ASSUMPTIONS,
         "config": config,
         "cpu_capabilities": sorted({str(r.get("cpu_capability")) for r in records if r.get("cpu_capability")}),
+        "weights": records_weights(records),
         "costs": costs or {},
         "runs": summarize_runs(runs or [], records if run_records is None else run_records),
         "rows": rows,
@@ -124,6 +126,8 @@ def write_markdown(summary: dict, path: str | os.PathLike) -> None:
         if len(values) == 1 and not vary.get(f):
             value = values.pop()
             fixed.append(f"{f}: `{_short(value) if f in ('target', 'draft', 'head', 'lora_draft') else value}`")
+    if summary.get("weights"):
+        fixed.append(f"weights: {summary['weights']}")
     if fixed:
         lines += ["; ".join(fixed), ""]
     extra_cols = [f for f in fields if vary[f]]

@@ -152,17 +152,17 @@ def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
 
     from ...generation.api import check_pair
     from ..models import load_pair
-    from ..real_models import resolve_model
+    from ..weights import resolve_model
 
     try:
-        tokenizer, target, draft = load_pair(config.target, config.draft, dtype)
+        tokenizer, target, draft = load_pair(config.target, config.draft, dtype, config.weights)
     except (OSError, ValueError) as err:  # not found / invalid repo id (HFValidationError is a ValueError)
         from ..real_models import SPECS
 
         raise BenchError(
-            f"cannot load --target {config.target!r} / --draft {config.draft!r}: {err}. Pass a built-in model "
-            f"({', '.join(SPECS)}), a Hub id available offline in the HF cache, or a local directory saved with "
-            "save_pretrained (model + tokenizer)."
+            f"cannot load --target {config.target!r} / --draft {config.draft!r}: {err}. Pass a Hub id (the Hub "
+            f"reachable or the model in the HF cache), a GGUF copy ({', '.join(SPECS)}), or a local directory saved "
+            "with save_pretrained (model + tokenizer)."
         ) from None
     try:
         check_pair(target, draft, None)
@@ -176,7 +176,7 @@ def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
             from peft import PeftModel
         except ImportError:
             raise BenchError(f"{LORA_METHOD} needs peft: pip install 'hf-diversed[train]'.") from None
-        base = AutoModelForCausalLM.from_pretrained(resolve_model(config.draft), dtype=dtype).eval()
+        base = AutoModelForCausalLM.from_pretrained(resolve_model(config.draft, config.weights), dtype=dtype).eval()
         # A separate copy: merging would otherwise change the plain draft used by the other methods. Merged,
         # the adapted draft costs exactly what the plain draft costs, so the timing isolates acceptance.
         lora = PeftModel.from_pretrained(base, config.lora_draft).merge_and_unload().eval()
@@ -370,8 +370,11 @@ def _execute(config, rows, todo, results_path, costs_all, costs_key, need_costs,
                      head_id=head_id)  # fmt: skip
 
     from ...modeling.dtypes import cpu_capability
+    from ..weights import weights_record
 
     environment = {
+        # which weights ran: the Hub's (by id), a local folder, or a GGUF copy (quantization, sha256)
+        "weights": {"target": weights_record(target), "draft": weights_record(draft)},
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.node(),
