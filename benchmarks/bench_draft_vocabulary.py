@@ -236,8 +236,8 @@ def _outside_share(task: str, sizes: list[str], drafts_dir: Path) -> dict[str, d
 
     from hf_diversed.evaluation.bench.plan import load_records
     from hf_diversed.evaluation.real_models import DRAFT_NAME
-    from hf_diversed.evaluation.weights import resolve_model
     from hf_diversed.evaluation.trim_draft import task_corpus
+    from hf_diversed.evaluation.weights import resolve_model
     from hf_diversed.modeling.draft_vocabulary import decode_ids
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(DRAFT_NAME, progress=False))

