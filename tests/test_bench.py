@@ -828,14 +828,6 @@ def test_table1_report_calls_a_run_in_progress_only_while_a_method_lacks_a_prefi
     assert "**In progress:** 1 of 3 methods" in warning and "(3–3 examples)" in warning
 
 
-def test_cost_probe_keeps_the_fastest_call_so_a_disturbed_one_does_not_count():
-    """Another process on the machine only adds time: c and v come from the fastest of the timed calls."""
-    from hf_diversed.evaluation.bench import costs
-
-    delays = iter([0.2, 0.2, 0.0, 0.2, 0.2])  # four calls disturbed, one clean
-    assert costs._fastest_time(lambda: time.sleep(next(delays)), repeats=5) < 0.1
-
-
 def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_names_its_dtype(
     setup, tmp_path, monkeypatch
 ):
