@@ -40,27 +40,15 @@ from ..modeling.draft_vocabulary import apply_draft_vocabulary
 from ..modeling.modeling_diversed_head import DiversedHead, distribution_features
 from . import _compat
 from .candidate_generator import LastHiddenStateRecorder
+from .checks import CONTEXT_FREE_PROCESSORS, check_pair
 from .stats import DiversedStats
 from .verification import VerificationRule, parse_rule, total_variation
 
 __all__ = ["SampleRequest", "SampleResult", "SamplerConfig", "sample_batched"]
 
 _SCHEDULES = ("constant", "heuristic")
-# Processors that act on each row of scores alone and never read the generated tokens (the static loop applies them
-# to a block of rows at once).
-CONTEXT_FREE_PROCESSORS = frozenset(
-    {
-        "TemperatureLogitsWarper",
-        "TopKLogitsWarper",
-        "TopPLogitsWarper",
-        "MinPLogitsWarper",
-        "TypicalLogitsWarper",
-        "EpsilonLogitsWarper",
-        "EtaLogitsWarper",
-        "LogitNormalization",
-    }
-)
-# ... plus those that read only the tokens of the row's own context (safe with left padding).
+# Processors that act on each row alone (the context-free ones), plus those that read only the tokens of the row's
+# own context (safe with left padding).
 _ROW_LOCAL_PROCESSORS = CONTEXT_FREE_PROCESSORS | {"RepetitionPenaltyLogitsProcessor"}
 _CONTEXT_PROCESSORS = {"RepetitionPenaltyLogitsProcessor"}
 
@@ -264,8 +252,6 @@ class _Sampler:
     forward of each model on the decided tokens."""
 
     def __init__(self, target, draft, config: SamplerConfig, batch_size: int, return_trace: bool):
-        from .api import check_pair
-
         apply_draft_vocabulary(draft)
         check_pair(target, draft, None)
         threshold = getattr(draft.generation_config, "assistant_confidence_threshold", 0) or 0
@@ -314,8 +300,6 @@ class _Sampler:
                 f"request {index} has a head but its rule is {rule.spec()!r}; drop the head or use rule='diversed'."
             )
         if request.head is not None:
-            from .api import check_pair
-
             check_pair(self.target.model, self.draft.model, request.head)
         generator = None
         if self.config.do_sample:
