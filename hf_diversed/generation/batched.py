@@ -36,13 +36,19 @@ from typing import Any
 
 import torch
 
+from ..modeling.distances import total_variation
 from ..modeling.draft_vocabulary import apply_draft_vocabulary
-from ..modeling.modeling_diversed_head import DiversedHead, distribution_features
+from ..modeling.modeling_diversed_head import (
+    DiversedHead,
+    distribution_features,
+    position_weights,
+    reads_distribution_features,
+)
 from . import _compat
 from .candidate_generator import LastHiddenStateRecorder
 from .checks import CONTEXT_FREE_PROCESSORS, check_pair
 from .stats import DiversedStats
-from .verification import VerificationRule, parse_rule, total_variation
+from .verification import VerificationRule, parse_rule
 
 __all__ = ["SampleRequest", "SampleResult", "SamplerConfig", "sample_batched"]
 
@@ -414,14 +420,8 @@ class _Sampler:
             at = torch.tensor(idx, device=p.device)
             head_w = None
             if head is not None:
-                features = {}
-                if head.config.use_distribution_features:
-                    features["distribution_features"] = distribution_features(p[at], q[at]).unsqueeze(1).to(head.device)
-                head_w = head(
-                    draft_hidden_states=h_draft[at].unsqueeze(1).to(head.device),
-                    target_hidden_states=h_target[at].unsqueeze(1).to(head.device),
-                    **features,
-                ).weight.to(p.device, p.dtype)
+                features = distribution_features(p[at], q[at]) if reads_distribution_features(head) else None
+                head_w = position_weights(head, h_draft[at], h_target[at], features)[:, None].to(p.device, p.dtype)
             w[at] = rule.weights(p[at].unsqueeze(1), q[at].unsqueeze(1), head_w).squeeze(1).to(p.dtype)
         return w
 
