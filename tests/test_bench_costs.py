@@ -1,8 +1,9 @@
-"""The speed model's cost measurements (``hf_diversed.evaluation.bench.costs``) on tiny models: what they time."""
+"""The speed model's cost measurements (``hf_diversed.evaluation.bench.costs``) on tiny models: what they time.
+
+No test here reads the wall clock: each hands the measurement a simulated clock (one that advances by a fixed cost
+per forward, or by a second per reading) and asserts on the arithmetic."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from transformers import CompileConfig
 
 from hf_diversed.evaluation.bench.costs import measure_compiled_costs, round_seconds_at_full_acceptance
 
-PREFILL_SECONDS = 1.0
+PREFILL_SECONDS, VERIFY_SECONDS, DRAFT_STEP_SECONDS = 1000.0, 1.0, 1 / 64
 
 
 @pytest.fixture(scope="module")
@@ -23,31 +24,56 @@ def pair():
     return target, draft
 
 
-def _slow_prefill(model, seconds: float):
-    """A forward pre-hook that sleeps on every call of more than 4 tokens: the prompt's forward (the prompt has 6),
-    not the steps (1 token) nor the verifications (N + 1 = 3)."""
+class ForwardClock:
+    """A simulated clock: each forward of a hooked model advances it by that model's cost, ``prefill`` for a call
+    of more than 4 tokens (the prompt has 6; with the first draft, 8), ``step`` for the others (1 token, or N + 1 = 3
+    in a verification)."""
 
-    def hook(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and ids.shape[1] > 4:
-            time.sleep(seconds)
+    def __init__(self):
+        self.now = 0.0
 
-    return model.register_forward_pre_hook(hook, with_kwargs=True)
+    def __call__(self) -> float:
+        return self.now
+
+    def charge(self, model, prefill: float, step: float):
+        def hook(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.now += prefill if ids.shape[1] > 4 else step
+
+        return model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_round_at_full_acceptance_leaves_the_prefill_out(pair, static):
-    """The round's seconds are a marginal, (T(k) − T(k/2)) / (its rounds − theirs): a prefill that takes a second
-    adds nothing to them (timed as a whole call over its rounds it would add 1 s / 8 rounds)."""
+    """The round's seconds are a marginal, (T(k) − T(k/2)) / (its rounds − theirs): at full acceptance a round is
+    N draft steps and one verification, and the prefill adds nothing (timed as a whole call over its rounds it
+    would add its cost / 8 rounds)."""
     target, draft = pair
     extra = {"cache_implementation": "static", "disable_compile": True} if static else {}
     ids = prompts(1, length=6)[0]
-    handle = _slow_prefill(target, PREFILL_SECONDS)
+    clock = ForwardClock()
+    handles = [clock.charge(target, PREFILL_SECONDS, VERIFY_SECONDS), clock.charge(draft, 0.0, DRAFT_STEP_SECONDS)]
     try:
-        seconds = round_seconds_at_full_acceptance(target, draft, ids, 2, 24, repeats=1, **extra)
+        seconds = round_seconds_at_full_acceptance(target, draft, ids, 2, 24, repeats=1, clock=clock, **extra)
     finally:
-        handle.remove()
-    assert 0 < seconds < PREFILL_SECONDS / 8 / 2, seconds
+        for handle in handles:
+            handle.remove()
+    assert seconds == pytest.approx(2 * DRAFT_STEP_SECONDS + VERIFY_SECONDS)
+
+
+def test_the_fastest_call_counts_so_a_disturbed_one_does_not():
+    """Another process on the machine only adds time: a cost is the fastest of the timed calls."""
+    from hf_diversed.evaluation.bench.costs import _fastest_time, fastest_interleaved
+
+    clock = ForwardClock()
+    delays = iter([0.2, 0.3, 0.05, 0.2, 0.4])  # four calls disturbed, one clean
+
+    def call():
+        clock.now += next(delays)
+
+    assert _fastest_time(call, repeats=5, clock=clock) == pytest.approx(0.05)
+    delays = iter([0.2, 1.0, 0.1, 3.0])  # round-robin: a, b, a, b
+    assert fastest_interleaved({"a": call, "b": call}, repeats=2, clock=clock) == pytest.approx({"a": 0.1, "b": 1.0})
 
 
 @pytest.mark.slow
@@ -68,6 +94,9 @@ def test_compiled_costs_are_timed_on_the_cache_length_asked_for(pair, monkeypatc
     monkeypatch.setattr(StaticCache, "__init__", recording_init)
     torch._dynamo.reset()
     config = CompileConfig(mode="default", fullgraph=True, dynamic=False)
-    costs = measure_compiled_costs(target, draft, prompts(1, length=6)[0], 2, config, repeats=1, cache_len=96)
-    assert costs["c"] > 0 and costs["v"]["2"] > 0
+    ticks = iter(range(10**6))  # each reading one second later: every timed call takes 1 s
+    costs = measure_compiled_costs(
+        target, draft, prompts(1, length=6)[0], 2, config, repeats=1, cache_len=96, clock=lambda: next(ticks)
+    )
+    assert (costs["c"], costs["v"]["2"], costs["target_alone_seconds_per_token"]) == (1.0, 1.0, 1 / 16)
     assert lengths and all(length >= 96 for length in lengths), lengths

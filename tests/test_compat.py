@@ -48,6 +48,8 @@ def test_private_signatures_unchanged():
         "logits_processor",
     ]
     assert hasattr(_compat.AssistedCandidateGenerator, "get_candidates")
+    prepare = list(sigs["AssistedCandidateGenerator._prepare_generation_args"].parameters)
+    assert prepare == ["self", "input_ids", "min_new_tokens", "max_new_tokens"]
 
 
 def test_patch_is_installed_once_and_reversible():

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import logging
+import warnings
 
 import pytest
 import torch
+import transformers
 from conftest import EOS, VOCAB, build_pair, build_tiny, prompts
 from transformers.generation.streamers import BaseStreamer
 
@@ -216,3 +219,43 @@ def test_bfloat16_pair_runs_every_rule_in_both_loops(llama_pair):
     for r in results:
         assert r.completion_ids.numel() <= 12 and ((r.completion_ids >= 0) & (r.completion_ids < VOCAB)).all()
         assert 0.0 <= r.stats.mean_weight <= 1.0
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("loop", ["rule", "head", "static"])
+def test_a_diversed_call_warns_nothing(loop):
+    """A DIVERSED ``generate`` (the default loop with a rule or the head, and the static-cache loop) emits no
+    FutureWarning / DeprecationWarning and no warning on transformers' logger (e.g. its deprecation of a
+    ``generation_config`` passed with generation kwargs, once the draft's ``generate`` was called that way)."""
+    target, draft = build_pair("llama")
+    for model in (target, draft):
+        model.generation_config.pad_token_id = EOS  # else generate warns that it sets pad to EOS
+    if loop == "head":
+        chosen = {"diversed_head": DiversedHead.for_models(target, draft, init_weight=0.4)}
+    else:
+        chosen = {"diversed_verifier": "static:0.5"}
+    if loop == "static":
+        chosen.update(cache_implementation="static", disable_compile=True, num_assistant_tokens_schedule="constant")
+    logger, handler = transformers.logging.get_logger("transformers"), _Records()
+    verbosity = transformers.logging.get_verbosity()
+    logging.Logger.warning_once.cache_clear()  # a warning already given once in this process is given again
+    transformers.logging.set_verbosity_warning()
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.manual_seed(0)
+            target.generate(prompts(1)[0], assistant_model=draft, max_new_tokens=12, do_sample=True, **chosen)
+    finally:
+        logger.removeHandler(handler)
+        transformers.logging.set_verbosity(verbosity)
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    assert deprecations == [] and handler.messages == []

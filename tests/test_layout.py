@@ -7,7 +7,8 @@
     integrations/ other engines' plugins (vLLM)                  imports integrations, generation, modeling
     cli/         ``hf-diversed``                               imports anything
 
-At the top of the package there is only ``__init__.py`` (the public API): no alias modules of moved ones.
+At the top of the package there is only ``__init__.py`` (the public API): no alias modules of moved ones. Inside
+generation/ the modules import each other without a circle (lazy imports inside functions count too).
 """
 
 from __future__ import annotations
@@ -71,6 +72,66 @@ def test_import_scan_sees_relative_and_lazy_imports():
     assert _imported_parts(probe) >= {"generation", "modeling"}
     # runner.py imports generation/ and modeling/ only inside functions
     assert _imported_parts(PACKAGE / "evaluation" / "bench" / "runner.py") >= {"evaluation", "generation", "modeling"}
+
+
+def _module_imports(folder: pathlib.Path) -> dict[str, set[str]]:
+    """Each module of ``folder`` (a flat package) -> the modules of the same folder it imports, anywhere in it."""
+    package = ".".join(folder.relative_to(PACKAGE.parent).parts)
+    modules = {path.stem for path in folder.glob("*.py")} - {"__init__"}
+    graph = {}
+    for name in modules:
+        path = folder / f"{name}.py"
+        imported = []  # full dotted names: ``from . import x`` and ``from .x import y`` both import package.x
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package if node.level == 1 else "" if node.level == 0 else None
+                if base is None:  # ``from ..x``: outside the folder
+                    continue
+                module = ".".join(filter(None, [base, node.module]))
+                imported += [module] + [f"{module}.{alias.name}" for alias in node.names]
+        inside = (m.removeprefix(package + ".").split(".")[0] for m in imported if m.startswith(package + "."))
+        graph[name] = set(inside) & modules
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A circle of imports in ``graph`` (module -> modules it imports), as a path that ends where it starts."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node) :] + [node]
+        if node in done:
+            return None
+        for nxt in sorted(graph[node]):
+            found = visit(nxt, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    return next((c for c in (visit(node, []) for node in sorted(graph)) if c), None)
+
+
+def test_generation_modules_import_one_way():
+    """api imports the loops, the loops import their parts; nothing below imports back up (a circle would make a
+    module's import order matter, and once made batched reach for api's checks inside functions)."""
+    graph = _module_imports(PACKAGE / "generation")
+    assert {"api", "decoding", "static_loop", "batched", "checks", "_compat"} <= set(graph)
+    assert graph["api"] >= {"decoding", "static_loop", "checks"} and "api" not in graph["batched"]
+    assert _circle(graph) is None, " -> ".join(_circle(graph))
+
+
+def test_the_circle_check_finds_an_added_circle():
+    """The check on the graph as it was: static_loop took its processor set from batched, and batched imported
+    api's checks inside functions (api -> static_loop -> batched -> api)."""
+    graph = _module_imports(PACKAGE / "generation")
+    graph["static_loop"] = graph["static_loop"] | {"batched"}
+    graph["batched"] = graph["batched"] | {"api"}
+    assert _circle(graph) == ["api", "static_loop", "batched", "api"]
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": set()}) is None and _circle({"a": {"a"}}) == ["a", "a"]
 
 
 def test_top_level_holds_only_the_api():

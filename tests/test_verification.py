@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from hf_diversed import Diversed, ExactSD, LossySD, SpecCascade, StaticEnsemble, TokenClassEnsemble, parse_rule
-from hf_diversed.generation.verification import parse_token_class_rule, total_variation
+from hf_diversed.generation.verification import parse_token_class_rule
+from hf_diversed.modeling.distances import total_variation
 
 V, N, EPS, ACC_EPS = 8, 200_000, 0.007, 0.006
 

@@ -28,16 +28,17 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..evaluation import bench, demo, trim_draft
-    from ..modeling import pretrained
+    from ..evaluation import bench, demo
+    from . import heads as heads_command
     from . import models as models_cli
+    from . import trim_draft
 
     parser = argparse.ArgumentParser(prog="hf-diversed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("env", help="print versions").set_defaults(func=_env)
     models_cli.add_arguments(sub.add_parser("models", help="build the real models' GGUF copies (no Hub needed)"))
-    heads = pretrained.add_arguments(sub.add_parser("heads", help="list the bundled heads; seed the HF cache"))
-    heads.set_defaults(func=pretrained.run)
+    heads = heads_command.add_arguments(sub.add_parser("heads", help="list the bundled heads; seed the HF cache"))
+    heads.set_defaults(func=heads_command.run)
     demo.add_arguments(sub.add_parser("demo", help="generate on the real pair, compare methods")).set_defaults(
         func=demo.run
     )

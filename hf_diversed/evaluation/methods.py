@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,9 +84,10 @@ def timed_generate(
     num_assistant_tokens: int = 5,
     head: DiversedHead | None = None,
     seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
     **generate_kwargs,
 ) -> GenerationRecord:
-    """Generate once with ``method`` from ``input_ids`` (batch 1) and time it.
+    """Generate once with ``method`` from ``input_ids`` (batch 1) and time it on ``clock`` (seconds).
 
     ``temperature`` 0 is greedy; otherwise plain sampling at that temperature (no top-k / top-p /
     repetition penalty, whatever the model's generation config says), the paper's setting.
@@ -97,7 +99,7 @@ def timed_generate(
     kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, **sampling_kwargs(temperature))
     kwargs.update(generate_kwargs)
     torch.manual_seed(seed)
-    start = time.perf_counter()
+    start = clock()
     out = target.generate(input_ids, **method.generate_kwargs(draft, head), **kwargs)
-    seconds = time.perf_counter() - start
+    seconds = clock() - start
     return GenerationRecord(out.sequences[0, input_ids.shape[1] :], seconds, getattr(out, "diversed_stats", None))

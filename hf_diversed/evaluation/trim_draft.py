@@ -1,4 +1,5 @@
-"""``hf-diversed trim-draft``: save a draft that proposes only from the K token ids most frequent in a task.
+"""The texts a trimmed draft vocabulary is counted on (``hf-diversed trim-draft``, :mod:`hf_diversed.cli.trim_draft`):
+a draft that proposes only from the K token ids most frequent in a task.
 
 The corpus is every text field of the task's rows (question and worked answer, problem and reference code,
 article and highlights), by default the train split, plus any ``--corpus-file`` (e.g. the target's own outputs
@@ -10,7 +11,6 @@ take it as any draft.
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -67,43 +67,3 @@ def default_split(task: str) -> str:
     from .tasks import get_task
 
     return "train" if "train" in get_task(task).splits else "test[100:]"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from .real_models import DRAFT_NAME
-    from .weights import WEIGHTS, WEIGHTS_HELP
-
-    parser.add_argument("--draft", default=DRAFT_NAME, help="draft model: Hub id, path or a GGUF copy's name")
-    parser.add_argument("--weights", default=None, choices=WEIGHTS, help=WEIGHTS_HELP)
-    parser.add_argument("--task", default="gsm8k", help="task whose rows are the corpus the ids are counted on")
-    parser.add_argument("--split", default=None, help="split of --task (default: train; cnndm: test[100:])")
-    parser.add_argument("--corpus-file", action="append", default=[],
-                        help="more texts to count (repeatable): a .jsonl of {completion|text} lines, e.g. bench "
-                             "records of the target's own outputs on train prompts, or any text file")  # fmt: skip
-    parser.add_argument("--size", type=int, required=True, help="K: how many token ids to keep (e.g. 32768)")
-    parser.add_argument("--output", required=True, help="directory to save the trimmed draft and its tokenizer")
-    return parser
-
-
-def run(args: argparse.Namespace) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..modeling.draft_vocabulary import trim_draft_vocabulary
-    from .weights import resolve_model
-
-    path = resolve_model(args.draft, args.weights)
-    split = args.split or default_split(args.task)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    draft = AutoModelForCausalLM.from_pretrained(path)
-    corpus = task_corpus(args.task, split)
-    source = f"{args.task} {split} ({len(corpus)} texts)"
-    for path in args.corpus_file:
-        extra = read_corpus_file(path)
-        corpus += extra
-        source += f" + {os.path.basename(path)} ({len(extra)} texts)"
-    trim_draft_vocabulary(draft, size=args.size, corpus=corpus, tokenizer=tokenizer, source=source)
-    draft.save_pretrained(args.output)
-    tokenizer.save_pretrained(args.output)
-    record = draft.config.diversed_draft_vocabulary
-    print(f"saved {args.output}: keeps {record['size']} of {record['vocab_size']} ids, counted on {record['source']}")
-    return 0

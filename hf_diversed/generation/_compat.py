@@ -15,8 +15,9 @@ What is patched, and when:
   the DIVERSED arguments runs, traces and compiles exactly as without hf_diversed.
 
 Not patches: ``apply_draft_warpers_once`` edits one ``AssistedCandidateGenerator``'s private generation
-config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once; the static-cache
-loop sets ``StaticLayer.cumulative_length`` (the cache's write position) back to roll a rejected draft back
+config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once, and
+``draft_with_config_only`` has it pass the draft's ``generate`` that config alone (no generation kwargs); the
+static-cache loop sets ``StaticLayer.cumulative_length`` (the cache's write position) back to roll a rejected draft back
 (``rewind_static_cache``) and its caches' layers attend over a window of their positions
 (``WindowedStaticLayer``, a subclass of transformers' ``StaticLayer``); the benchmarks set
 ``CompileConfig._compile_all_devices`` so that transformers' own static-cache ``generate`` compiles on a CPU too
@@ -176,6 +177,28 @@ def apply_draft_warpers_once(drafter: AssistedCandidateGenerator) -> None:
             f"target's settings. Set assistant_model.generation_config.{leaking[0]} = None to draft at them.",
             stacklevel=3,
         )
+
+
+def draft_with_config_only(drafter: AssistedCandidateGenerator) -> None:
+    """Make ``drafter`` hand the draft's ``generate`` one generation config and no generation kwargs.
+
+    transformers 5.23's ``AssistedCandidateGenerator`` calls ``draft.generate(generation_config=<its copy>,
+    min_new_tokens=..., max_new_tokens=..., use_cache=...)``, and ``generate`` warns that a config together with
+    generation kwargs is deprecated. The kwargs only update a copy of the config, so this sets them on the drafter's
+    private copy (``drafter.generation_config``, which ``generate`` copies again) instead: the same config, the same
+    draft, no warning.
+    """
+    config = drafter.generation_config
+    if "use_cache" in drafter.assistant_kwargs:
+        config.use_cache = drafter.assistant_kwargs.pop("use_cache")
+    prepare = drafter._prepare_generation_args
+
+    def prepare_with_config_only(input_ids: torch.LongTensor, min_new_tokens: int, max_new_tokens: int) -> dict:
+        args = prepare(input_ids, min_new_tokens, max_new_tokens)
+        config.min_new_tokens, config.max_new_tokens = args.pop("min_new_tokens"), args.pop("max_new_tokens")
+        return args
+
+    drafter._prepare_generation_args = prepare_with_config_only
 
 
 class ScopedPatch:
@@ -563,6 +586,9 @@ def private_signatures() -> dict[str, inspect.Signature]:
         "_prepare_token_type_ids": inspect.signature(_prepare_token_type_ids),
         "_split_model_outputs": inspect.signature(_split_model_outputs),
         "AssistedCandidateGenerator.__init__": inspect.signature(AssistedCandidateGenerator.__init__),
+        "AssistedCandidateGenerator._prepare_generation_args": inspect.signature(
+            AssistedCandidateGenerator._prepare_generation_args
+        ),
         "_prepare_generation_config": inspect.signature(GenerationMixin._prepare_generation_config),
         "_prepare_special_tokens": inspect.signature(GenerationMixin._prepare_special_tokens),
         "_get_logits_processor": inspect.signature(GenerationMixin._get_logits_processor),

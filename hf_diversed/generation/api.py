@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
-from ..modeling.draft_vocabulary import apply_draft_vocabulary, check_draft_vocabulary
+from ..modeling.draft_vocabulary import apply_draft_vocabulary
 from ..modeling.hub import load_head
 from ..modeling.modeling_diversed_head import DiversedHead
 from . import _compat
+from .checks import check_pair
 from .decoding import DecodingSettings, assisted_decoding
 from .static_loop import static_assisted_decoding
 from .stats import DiversedStats
@@ -32,27 +33,6 @@ def _resolve_head(head: Any, target) -> DiversedHead:
         f"`diversed_head` expects a repo id, a local path or a DiversedHead, got {type(head).__name__}. "
         f'Pass e.g. diversed_head="org/head-gsm8k".'
     )
-
-
-def check_pair(target, draft, head: DiversedHead | None) -> None:
-    if draft is None:
-        raise ValueError(
-            "`diversed_head` / `diversed_verifier` need a draft model: pass `assistant_model=draft` "
-            "(a smaller causal LM with the target's tokenizer)."
-        )
-    if target.config.is_encoder_decoder or draft.config.is_encoder_decoder:
-        raise ValueError("hf_diversed supports decoder-only (causal LM) target and draft models, not encoder-decoders.")
-    check_draft_vocabulary(target, draft, None)  # a trimmed draft's ids must index the target's vocabulary
-    t_cfg, d_cfg = target.config.get_text_config(), draft.config.get_text_config()
-    if t_cfg.vocab_size != d_cfg.vocab_size:
-        raise ValueError(
-            f"Relaxed verification mixes target and draft distributions over one vocabulary, but the target has "
-            f"vocab_size={t_cfg.vocab_size} and the draft {d_cfg.vocab_size}. Use a draft model that shares the "
-            "target's tokenizer (same family, e.g. Qwen2.5-Coder-0.5B for Qwen2.5-Coder-1.5B)."
-        )
-    if head is not None:
-        head.check_pair(t_cfg.hidden_size, d_cfg.hidden_size)
-        check_draft_vocabulary(target, draft, head)
 
 
 def _user_draft_length(bound: dict[str, Any]) -> tuple[int | None, str | None]:

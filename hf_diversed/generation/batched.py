@@ -36,31 +36,25 @@ from typing import Any
 
 import torch
 
+from ..modeling.distances import total_variation
 from ..modeling.draft_vocabulary import apply_draft_vocabulary
-from ..modeling.modeling_diversed_head import DiversedHead, distribution_features
+from ..modeling.modeling_diversed_head import (
+    DiversedHead,
+    distribution_features,
+    position_weights,
+    reads_distribution_features,
+)
 from . import _compat
 from .candidate_generator import LastHiddenStateRecorder
+from .checks import CONTEXT_FREE_PROCESSORS, check_pair
 from .stats import DiversedStats
-from .verification import VerificationRule, parse_rule, total_variation
+from .verification import VerificationRule, parse_rule
 
 __all__ = ["SampleRequest", "SampleResult", "SamplerConfig", "sample_batched"]
 
 _SCHEDULES = ("constant", "heuristic")
-# Processors that act on each row of scores alone and never read the generated tokens (the static loop applies them
-# to a block of rows at once).
-CONTEXT_FREE_PROCESSORS = frozenset(
-    {
-        "TemperatureLogitsWarper",
-        "TopKLogitsWarper",
-        "TopPLogitsWarper",
-        "MinPLogitsWarper",
-        "TypicalLogitsWarper",
-        "EpsilonLogitsWarper",
-        "EtaLogitsWarper",
-        "LogitNormalization",
-    }
-)
-# ... plus those that read only the tokens of the row's own context (safe with left padding).
+# Processors that act on each row alone (the context-free ones), plus those that read only the tokens of the row's
+# own context (safe with left padding).
 _ROW_LOCAL_PROCESSORS = CONTEXT_FREE_PROCESSORS | {"RepetitionPenaltyLogitsProcessor"}
 _CONTEXT_PROCESSORS = {"RepetitionPenaltyLogitsProcessor"}
 
@@ -264,8 +258,6 @@ class _Sampler:
     forward of each model on the decided tokens."""
 
     def __init__(self, target, draft, config: SamplerConfig, batch_size: int, return_trace: bool):
-        from .api import check_pair
-
         apply_draft_vocabulary(draft)
         check_pair(target, draft, None)
         threshold = getattr(draft.generation_config, "assistant_confidence_threshold", 0) or 0
@@ -314,8 +306,6 @@ class _Sampler:
                 f"request {index} has a head but its rule is {rule.spec()!r}; drop the head or use rule='diversed'."
             )
         if request.head is not None:
-            from .api import check_pair
-
             check_pair(self.target.model, self.draft.model, request.head)
         generator = None
         if self.config.do_sample:
@@ -430,14 +420,8 @@ class _Sampler:
             at = torch.tensor(idx, device=p.device)
             head_w = None
             if head is not None:
-                features = {}
-                if head.config.use_distribution_features:
-                    features["distribution_features"] = distribution_features(p[at], q[at]).unsqueeze(1).to(head.device)
-                head_w = head(
-                    draft_hidden_states=h_draft[at].unsqueeze(1).to(head.device),
-                    target_hidden_states=h_target[at].unsqueeze(1).to(head.device),
-                    **features,
-                ).weight.to(p.device, p.dtype)
+                features = distribution_features(p[at], q[at]) if reads_distribution_features(head) else None
+                head_w = position_weights(head, h_draft[at], h_target[at], features)[:, None].to(p.device, p.dtype)
             w[at] = rule.weights(p[at].unsqueeze(1), q[at].unsqueeze(1), head_w).squeeze(1).to(p.dtype)
         return w
 

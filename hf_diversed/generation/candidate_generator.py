@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._compat import AssistedCandidateGenerator, CandidateGenerator, apply_draft_warpers_once
+from ._compat import (
+    AssistedCandidateGenerator,
+    CandidateGenerator,
+    apply_draft_warpers_once,
+    draft_with_config_only,
+)
 
 
 class LastHiddenStateRecorder:
@@ -74,6 +79,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             logits_processor=logits_processor,
         )
         apply_draft_warpers_once(self.drafter)
+        draft_with_config_only(self.drafter)  # generation kwargs beside a config: a deprecation warning
         if num_assistant_tokens is not None:
             self.drafter.num_assistant_tokens = num_assistant_tokens
         if num_assistant_tokens_schedule is not None:

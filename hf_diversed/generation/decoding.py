@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.modeling_diversed_head import DiversedHead, distribution_features
+from ..modeling.modeling_diversed_head import (
+    DiversedHead,
+    distribution_features,
+    position_weights,
+    reads_distribution_features,
+)
 from ._compat import (
     ALL_CACHE_NAMES,
     GenerateDecoderOnlyOutput,
@@ -198,19 +203,13 @@ def assisted_decoding(
         candidate_logits = candidate_logits.to(device=new_logits.device, dtype=torch.float32)
         head_weight = new_logits.new_ones(input_ids.shape[0], 0) if settings.head is not None else None
         if settings.head is not None and candidate_length > 0:
-            h_target = target_recorder.states[-1][:, -candidate_length - 1 : -1]  # (B, gamma, D_target)
-            head_device = settings.head.device
-            features = {}
-            if settings.head.config.use_distribution_features:
-                p_drafted = new_logits[:, :candidate_length].float().softmax(-1)
-                features["distribution_features"] = distribution_features(p_drafted, candidate_logits.softmax(-1)).to(
-                    head_device
-                )
-            head_weight = settings.head(
-                draft_hidden_states=candidate_generator.draft_hidden_states.to(head_device),
-                target_hidden_states=h_target.to(head_device),
-                **features,
-            ).weight.to(new_logits.device)
+            h_target = target_recorder.states[-1][0, -candidate_length - 1 : -1]  # (gamma, D_target): batch size 1
+            features = None
+            if reads_distribution_features(settings.head):
+                p_drafted = new_logits[0, :candidate_length].softmax(-1)
+                features = distribution_features(p_drafted, candidate_logits[0].softmax(-1))
+            h_draft = candidate_generator.draft_hidden_states[0]
+            head_weight = position_weights(settings.head, h_draft, h_target, features)[None].to(new_logits.device)
         verdict = settings.rule.verify(
             draft_tokens,
             candidate_logits,

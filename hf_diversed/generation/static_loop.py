@@ -44,7 +44,7 @@ import torch._dynamo
 
 from ..modeling.modeling_diversed_head import distribution_features, position_weights, reads_distribution_features
 from . import _compat
-from .batched import CONTEXT_FREE_PROCESSORS
+from .checks import CONTEXT_FREE_PROCESSORS
 from .decoding import DecodingSettings, DiversedGenerateOutput
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Verification rules for speculative decoding: pure tensor maths, torch only.
+"""Verification rules for speculative decoding: pure tensor maths, torch only (TV from ``modeling.distances``).
 
 Notation (the paper's): ``p`` target distribution, ``q`` draft distribution, both after the logits
 processors; ``x`` a drafted token; ``gamma`` the number of drafted tokens; ``pi`` a rule's verification
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..modeling.distances import total_variation
+
 __all__ = [
     "Diversed",
     "ExactSD",
@@ -35,13 +37,7 @@ __all__ = [
     "VerificationRule",
     "parse_rule",
     "parse_token_class_spec",
-    "total_variation",
 ]
-
-
-def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """TV(p, q) = 1/2 * sum_v |p(v) - q(v)| over the last dimension."""
-    return 0.5 * (p - q).abs().sum(-1)
 
 
 @dataclass

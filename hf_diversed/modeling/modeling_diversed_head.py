@@ -20,6 +20,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .configuration_diversed_head import DiversedHeadConfig
+from .distances import total_variation
 from .draft_vocabulary import draft_vocabulary_fingerprint
 
 
@@ -38,7 +39,7 @@ def distribution_features(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The head's optional per-position inputs from the two next-token laws: probabilities ``p``, ``q``
     (..., V) -> (..., 3) = [max_v p(v), max_v q(v), TV(p, q) = 1/2 sum_v |p(v) - q(v)|], float32."""
     p, q = p.float(), q.float()
-    return torch.stack([p.amax(-1), q.amax(-1), 0.5 * (p - q).abs().sum(-1)], dim=-1)
+    return torch.stack([p.amax(-1), q.amax(-1), total_variation(p, q)], dim=-1)
 
 
 # A speculative cascade (Narasimhan et al., ICLR 2025) defers to the target (delta_t = 1) where a margin m_t > 0,

@@ -183,7 +183,7 @@ class DiversedTrainer:
                 use_distribution_features=config.use_distribution_features,
                 task=config.task,
             )
-        from ..generation.api import check_pair
+        from ..generation.checks import check_pair
 
         check_pair(target, draft, head)  # a head built for another pair fails here, naming both sizes
         head.config.training_weights = {"target": weights_record(target), "draft": weights_record(draft)}

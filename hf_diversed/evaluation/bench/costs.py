@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .config import COSTS_FILE
@@ -41,31 +41,36 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def _fastest_time(fn, repeats: int) -> float:
+Clock = Callable[[], float]
+"""A clock in seconds: :func:`time.perf_counter` where timing, a simulated one in the tests."""
+
+
+def _fastest_time(fn, repeats: int, clock: Clock = time.perf_counter) -> float:
     """The fastest of ``repeats`` timed calls: another process on the machine only ever adds time, and a median of
     three took in disturbed calls (a probe with another process starting beside it read the target's marginal cost
     as an eighth of its decode step, c = 2.8)."""
     times = []
     for _ in range(repeats):
         synchronize()
-        start = time.perf_counter()
+        start = clock()
         fn()
         synchronize()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return min(times)
 
 
-def fastest_interleaved(fns: dict, repeats: int) -> dict:
+def fastest_interleaved(fns: dict, repeats: int, clock: Clock = time.perf_counter) -> dict:
     """:func:`_fastest_time` of each of ``fns`` (name -> callable), timed in turn ``repeats`` times round-robin:
     a machine whose speed drifts over minutes (a shared host) slows every one of them alike, not the last ones."""
     best = {name: float("inf") for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            best[name] = min(best[name], _fastest_time(fn, 1))
+            best[name] = min(best[name], _fastest_time(fn, 1, clock))
     return best
 
 
-def _seconds_per_token(model, input_ids, short: int, long: int, repeats: int, **generate_kwargs) -> float:
+def _seconds_per_token(model, input_ids, short: int, long: int, repeats: int, clock: Clock = time.perf_counter,
+                       **generate_kwargs) -> float:  # fmt: skip
     """Marginal decode cost of a plain greedy ``generate`` of ``model`` alone (prefill cancels out); extra
     ``generate_kwargs`` (e.g. a static cache and a compile config) select how it decodes."""
     import torch
@@ -78,12 +83,13 @@ def _seconds_per_token(model, input_ids, short: int, long: int, repeats: int, **
             )  # fmt: skip
 
     gen(2)  # warm-up
-    t_short, t_long = _fastest_time(lambda: gen(short), repeats), _fastest_time(lambda: gen(long), repeats)
+    t_short = _fastest_time(lambda: gen(short), repeats, clock)
+    t_long = _fastest_time(lambda: gen(long), repeats, clock)
     marginal = (t_long - t_short) / (long - short)
     return marginal if marginal > 0 else t_long / long
 
 
-def _verify_cost_ratio(model, input_ids, n: int, repeats: int) -> float | None:
+def _verify_cost_ratio(model, input_ids, n: int, repeats: int, clock: Clock = time.perf_counter) -> float | None:
     """v: time of one target forward over n+1 new tokens / over 1 new token, both after a cached prefill, with
     attention as hf_diversed's loop runs it (grouped key/value heads in place on CPU)."""
     import torch
@@ -101,23 +107,23 @@ def _verify_cost_ratio(model, input_ids, n: int, repeats: int) -> float | None:
                 cache.crop(-(cache.get_seq_length() - length))  # transformers 5: crop(-n) drops n tokens
 
             step(1), step(n + 1)  # warm-up
-            one = _fastest_time(lambda: step(1), repeats)
-            many = _fastest_time(lambda: step(n + 1), repeats)
+            one = _fastest_time(lambda: step(1), repeats, clock)
+            many = _fastest_time(lambda: step(n + 1), repeats, clock)
         return many / one if one > 0 else None
     except Exception:  # noqa: BLE001 - an optional measurement; a model without crop-able cache skips it
         return None
 
 
 def measure_costs(target, draft, input_ids, ns: Iterable[int], *, repeats: int = 5, short: int = 4,
-                  long: int = 16) -> dict:  # fmt: skip
+                  long: int = 16, clock: Clock = time.perf_counter) -> dict:  # fmt: skip
     """Per-token costs of target and draft alone (plain generate) and the verification ratio v per N."""
-    t_target = _seconds_per_token(target, input_ids, short, long, repeats)
-    t_draft = _seconds_per_token(draft, input_ids, short, long, repeats)
+    t_target = _seconds_per_token(target, input_ids, short, long, repeats, clock)
+    t_draft = _seconds_per_token(draft, input_ids, short, long, repeats, clock)
     return {
         "target_seconds_per_token": t_target,
         "draft_seconds_per_token": t_draft,
         "c": t_draft / t_target,
-        "v": {str(n): _verify_cost_ratio(target, input_ids, n, repeats) for n in ns},
+        "v": {str(n): _verify_cost_ratio(target, input_ids, n, repeats, clock) for n in ns},
         "prompt_tokens": int(input_ids.shape[1]),
         "method": (
             f"c: marginal seconds/token of greedy generate ({long} vs {short} new tokens, fastest of {repeats}) of "
@@ -128,7 +134,7 @@ def measure_costs(target, draft, input_ids, ns: Iterable[int], *, repeats: int =
 
 
 def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, repeats: int = 5,
-                           cache_len: int | None = None) -> dict:  # fmt: skip
+                           cache_len: int | None = None, clock: Clock = time.perf_counter) -> dict:  # fmt: skip
     """:func:`measure_costs` for the compiled static-cache path, from the forwards the static loop runs.
 
     ``target_alone_seconds_per_token``: transformers' static-cache compiled ``generate`` of the target alone (the
@@ -152,7 +158,7 @@ def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, 
     if cache_len is not None:
         kwargs["max_cache_len"] = cache_len
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # transformers' own compiled generate
-        t_alone = _seconds_per_token(target, input_ids, 4, 16, repeats, **kwargs)
+        t_alone = _seconds_per_token(target, input_ids, 4, 16, repeats, clock, **kwargs)
     length = input_ids.shape[1]
 
     def forward_seconds(model, k: int) -> float:
@@ -168,7 +174,7 @@ def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, 
                 rewind_static_cache(cache, length)
 
             step()  # warm-up (compiles this shape)
-            return _fastest_time(step, repeats)
+            return _fastest_time(step, repeats, clock)
 
     t_draft, t_one, t_verify = forward_seconds(draft, 1), forward_seconds(target, 1), forward_seconds(target, n + 1)
     return {"target_alone_seconds_per_token": t_alone, "draft_step_seconds": t_draft, "target_step_seconds": t_one,
@@ -177,7 +183,7 @@ def measure_compiled_costs(target, draft, input_ids, n: int, compile_config, *, 
 
 
 def round_seconds_at_full_acceptance(target, draft, input_ids, n: int, new_tokens: int, *, repeats: int = 3,
-                                     **generate_kwargs) -> float:  # fmt: skip
+                                     clock: Clock = time.perf_counter, **generate_kwargs) -> float:  # fmt: skip
     """Marginal seconds per round of hf_diversed's loop when every draft is accepted (``static:0``, greedy): N draft
     steps, one verification and the loop's own work, nothing else; compare with its bare forwards
     N·t_draft + t_verify. The prefill and the first round cancel out: (T(new_tokens) − T(new_tokens / 2)) over the
@@ -197,9 +203,9 @@ def round_seconds_at_full_acceptance(target, draft, input_ids, n: int, new_token
     short = max(1, new_tokens // 2)
     rounds_long, rounds_short = run(new_tokens), run(short)  # warm-up
     if rounds_long <= rounds_short:  # an EOS before the shorter call's end: no marginal round to time
-        return _fastest_time(lambda: run(new_tokens), repeats) / rounds_long
-    long_s = _fastest_time(lambda: run(new_tokens), repeats)
-    short_s = _fastest_time(lambda: run(short), repeats)
+        return _fastest_time(lambda: run(new_tokens), repeats, clock) / rounds_long
+    long_s = _fastest_time(lambda: run(new_tokens), repeats, clock)
+    short_s = _fastest_time(lambda: run(short), repeats, clock)
     return (long_s - short_s) / (rounds_long - rounds_short)
 
 

@@ -150,7 +150,7 @@ def _load_models(config: BenchConfig, need_lora: bool):
 def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
     from transformers import AutoModelForCausalLM
 
-    from ...generation.api import check_pair
+    from ...generation.checks import check_pair
     from ..models import load_pair
     from ..weights import resolve_model
 
@@ -185,7 +185,7 @@ def _load_models_inner(config: BenchConfig, need_lora: bool, dtype):
 
 def _load_heads(config: BenchConfig, needed: set[str], target, draft) -> dict[str, Any]:
     """The heads the plan uses, by their id in the records, each checked against the pair."""
-    from ...generation.api import check_pair
+    from ...generation.checks import check_pair
     from ...modeling.hub import load_head
 
     heads = {}

@@ -47,6 +47,7 @@ from packaging.version import Version
 from vllm.exceptions import VLLMValidationError
 
 from ...generation.verification import ExactSD, VerificationRule, parse_token_class_spec
+from ...modeling.distances import total_variation
 from . import heads
 from .rules import HEAD_KEY, VERIFIER_KEY, RuleError, exact_targets, is_exact, needs_tokenizer, requested, resolve_rule
 
@@ -392,7 +393,7 @@ def _log_weights(path: str, names, weights, num_draft_tokens, p, q) -> None:
     start = 0
     for name, w, n in zip(names, weights, num_draft_tokens, strict=True):
         if w is not None:
-            tv = 0.5 * (p[start : start + n] - q[start : start + n]).abs().sum(-1)
+            tv = total_variation(p[start : start + n], q[start : start + n])
             entry = sums.setdefault(name, [0, 0.0, 0.0])
             entry[0] += n
             entry[1] += float(w.sum())
