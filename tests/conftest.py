@@ -23,6 +23,17 @@ from transformers import (
 import hf_diversed  # noqa: F401  (patches generate)
 
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (real weights, long runs, every rule of a law test whose default run checks one) run only
+    with ``RUN_SLOW=1``, as in transformers; ``.ci/run`` runs them after the default command."""
+    if os.environ.get("RUN_SLOW", "").lower() in ("1", "true", "yes", "on"):
+        return
+    skip = pytest.mark.skip(reason="slow: set RUN_SLOW=1 to run it (CI does)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 DEVICE = torch.device(os.environ.get("HF_DIVERSED_TEST_DEVICE", "cpu"))
 torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 on the accelerator too
 
