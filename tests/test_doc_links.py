@@ -1,5 +1,5 @@
-"""Every relative link in README.md and docs/*.md resolves: to an existing file, and for ``#anchor`` links into a
-Markdown file, to one of its headings (GitHub's anchors)."""
+"""Every relative link in README.md, docs/*.md and the record folders' README.md files under docs/ resolves: to an
+existing file, and for ``#anchor`` links into a Markdown file, to one of its headings (GitHub's anchors)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
+PAGES = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "docs").glob("*/**/README.md")),  # the record folders' measurement logs
+    REPO / "benchmarks" / "README.md",
+]
 # [text](target) and ![alt](target), the target up to a space (an optional "title") or the closing parenthesis
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*(\S+)", re.MULTILINE)
