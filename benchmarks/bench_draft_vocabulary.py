@@ -61,7 +61,7 @@ def acceptance(args) -> None:
     for (task, size), draft in _draft_dirs(args).items():
         ns = args.ns if size in (FULL, *args.all_n_sizes.split(",")) else args.default_n
         cmd = [
-            sys.executable, "-m", "hf_diversed.evaluation.bench", "--tasks", task, "--draft", draft,
+            sys.executable, "-m", "hf_diversed.cli", "bench", "--tasks", task, "--draft", draft,
             "--methods", args.methods, "--num-examples", str(args.num_examples), "--num-assistant-tokens", ns,
             "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1", "--timed-examples", "0",
             "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--dtype", args.dtype,

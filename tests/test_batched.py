@@ -138,14 +138,14 @@ def test_a_head_reading_the_next_token_laws(pair):
     requests = [SampleRequest(p, "diversed", head=head, seed=i) for i, p in enumerate(ids)]
     for result in sample_batched(target, draft, requests, sampled, batch_size=3, return_trace=True):
         t = result.trace
-        features = torch.stack([t.max_p, t.max_q, t.tv], -1)
+        features = t.distribution_features()
         assert float(t.w.std()) > 0.01  # w moves with the features
         torch.testing.assert_close(position_weights(head, t.h_draft, t.h_target, features), t.w, atol=1e-5, rtol=0)
     torch.manual_seed(0)
     rollout = collect_rollout(target, draft, head, ids[0], max_new_tokens=16, temperature=1.0, num_assistant_tokens=3)
     torch.testing.assert_close(
-        position_weights(head, rollout.h_draft, rollout.h_target, rollout.distribution_features()),
-        rollout.w_old, atol=1e-5, rtol=0,
+        position_weights(head, rollout.trace.h_draft, rollout.trace.h_target, rollout.trace.distribution_features()),
+        rollout.trace.w, atol=1e-5, rtol=0,
     )  # fmt: skip
 
 

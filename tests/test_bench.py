@@ -18,6 +18,7 @@ from conftest import chat_model, chat_tokenizer, require_data_dir
 from transformers import LlamaForCausalLM
 
 from hf_diversed import DiversedHead
+from hf_diversed.cli import bench as bench_cli
 from hf_diversed.evaluation import bench
 from hf_diversed.evaluation.bench.costs import costs_key
 
@@ -89,7 +90,7 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     simulated clock: the speed columns are arithmetic on it)."""
     _simulated_clocks(monkeypatch)
     out = tmp_path / "out"
-    assert bench.main(_argv(setup, out)) == 0
+    assert bench_cli.main(_argv(setup, out)) == 0
 
     results = out / bench.RESULTS_FILE
     records = _lines(results)
@@ -161,8 +162,8 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
 
     with monkeypatch.context() as m:
         m.setattr(bench.runner, "_load_models", no_models)
-        assert bench.main(_argv(setup, out)) == 0
-        assert bench.main(_argv(setup, out, "--summarize-only")) == 0
+        assert bench_cli.main(_argv(setup, out)) == 0
+        assert bench_cli.main(_argv(setup, out, "--summarize-only")) == 0
     assert _lines(results) == records
 
     # the run log: one line per invocation that had work (the finished rerun above added none)
@@ -179,7 +180,7 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     measured = []
     real_measure = bench.runner.measure_costs
     monkeypatch.setattr(bench.runner, "measure_costs", lambda *a, **k: measured.append(1) or real_measure(*a, **k))
-    assert bench.main(_argv(setup, out)) == 0
+    assert bench_cli.main(_argv(setup, out)) == 0
     assert measured == []  # the costs of this pair are on disk already
     resumed = bench.load_records(results)
     assert len(resumed) == len(records)
@@ -191,7 +192,7 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
 
     # one more example: only its sampler records are added (the timed subset stays at 1); --remeasure-costs
     # times the models again
-    assert bench.main(_argv(setup, out, "--remeasure-costs", examples=3)) == 0
+    assert bench_cli.main(_argv(setup, out, "--remeasure-costs", examples=3)) == 0
     assert measured == [1]
     grown = bench.load_records(results)
     added = grown[len(resumed) :]
@@ -204,7 +205,7 @@ def test_bench_end_to_end_and_resume(setup, tmp_path, monkeypatch):
 
     # a command asking for fewer examples summarizes those, while its run log still counts what every earlier
     # invocation wrote into the folder
-    assert bench.main(_argv(setup, out, examples=1)) == 0
+    assert bench_cli.main(_argv(setup, out, examples=1)) == 0
     summary = json.loads((out / bench.SUMMARY_FILE).read_text())
     assert all(row["n"] == 1 for row in summary["rows"]) and summary["runs"]["records"] == len(grown)
 
@@ -289,7 +290,7 @@ def test_greedy_engines_agree_and_lora_draft(setup, tmp_path):
         "--dtype", "float32", "--output-dir", str(out), "--no-costs", "--no-warmup", "-q",
         "--methods", "ar,exact,token-class:digits:0.0",
     ]  # fmt: skip
-    assert bench.main(argv) == 0
+    assert bench_cli.main(argv) == 0
     records = _lines(out / bench.RESULTS_FILE)
     loop = {(r["method"], r["example_index"]): r for r in records if r["engine"] == "loop"}
     sampled = {(r["method"], r["example_index"]): r for r in records if r["engine"] == "sampler"}
@@ -334,12 +335,12 @@ def test_data_parallel_under_accelerate_launch(setup, tmp_path):
     parallel, single = tmp_path / "parallel", tmp_path / "single"
     # `accelerate launch --cpu` starts one process; `--multi_gpu` starts two, joined in a gloo group on CPUs
     cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
-           "2", "--main_process_port", str(_free_port()), "-m", "hf_diversed.evaluation.bench", *argv,
+           "2", "--main_process_port", str(_free_port()), "-m", "hf_diversed.cli", "bench", *argv,
            "--output-dir", str(parallel)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert bench.main([*argv, "--output-dir", str(single), "-q"]) == 0
+    assert bench_cli.main([*argv, "--output-dir", str(single), "-q"]) == 0
 
     lines = (parallel / bench.RESULTS_FILE).read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines]  # every line whole: one atomic append per record
@@ -423,7 +424,7 @@ def test_appends_from_two_processes_never_interleave(tmp_path):
 )
 def test_user_errors_name_the_fix(tmp_path, capsys, extra, fix):
     argv = ["--output-dir", str(tmp_path / "empty"), "-q", *extra]
-    assert bench.main(argv) == 2
+    assert bench_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("hf-diversed bench: error: ") and fix in err
 
@@ -433,7 +434,7 @@ def test_missing_model_names_the_fix(setup, tmp_path, capsys):
         "--target", str(tmp_path / "no-such-model"), "--draft", str(setup["draft"]), "--tasks", "gsm8k",
         "--data-dir", str(setup["data"]), "--num-examples", "1", "--output-dir", str(tmp_path / "o"), "-q",
     ]  # fmt: skip
-    assert bench.main(argv) == 2
+    assert bench_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--target" in err and "local directory" in err
 
@@ -441,7 +442,7 @@ def test_missing_model_names_the_fix(setup, tmp_path, capsys):
 def test_missing_data_names_the_fix(tmp_path, capsys):
     (tmp_path / "data").mkdir()
     argv = ["--tasks", "gsm8k", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "o"), "-q"]
-    assert bench.main(argv) == 2
+    assert bench_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "gsm8k/test.jsonl" in err and "--data-dir" in err
 
@@ -475,8 +476,8 @@ def test_several_heads_run_side_by_side_each_as_if_alone(setup, tmp_path):
         "--batch-size", "4", "--max-new-tokens", "8", "--dtype", "float32", "--threads", "1", "--no-costs", "-q",
     ]  # fmt: skip
     both, alone = tmp_path / "both", tmp_path / "alone"
-    assert bench.main([*common, "--head", str(setup["head"]), "--head", str(other), "--output-dir", str(both)]) == 0
-    assert bench.main([*common, "--head", str(other), "--output-dir", str(alone)]) == 0
+    assert bench_cli.main([*common, "--head", str(setup["head"]), "--head", str(other), "--output-dir", str(both)]) == 0
+    assert bench_cli.main([*common, "--head", str(other), "--output-dir", str(alone)]) == 0
 
     def diversed(out):
         return {(r["engine"], r["head"], r["example_index"]): r for r in _lines(out / bench.RESULTS_FILE)
@@ -764,14 +765,14 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
         "--static-sweep", "0,0.5", "--num-examples", "3", "--timed-examples", "0", "--no-costs", "--batch-size", "8",
         "--max-new-tokens", "6", "--dtype", "float32", "--threads", "1", "--output-dir", "table1", "-q",
     ]  # fmt: skip
-    assert bench.main(bench_args) == 0
+    assert bench_cli.main(bench_args) == 0
 
     # its timing run beside it (``<table1>-timed``): the card gives the head's real speed over the target alone's
     timed_args = [a for a in bench_args if a not in ("--no-costs", "-q")]
     timed_args[timed_args.index("--methods") + 1] = "ar,exact,cascade-opt:0.1,diversed"
     timed_args[timed_args.index("--timed-examples") + 1] = "2"
     timed_args[timed_args.index("--output-dir") + 1] = "table1-timed"
-    assert bench.main([*timed_args, "--no-costs", "-q"]) == 0
+    assert bench_cli.main([*timed_args, "--no-costs", "-q"]) == 0
 
     dest = tmp_path / "bundled"
     assert ship_head.main(["--run", "runs/head", "--table1", "table1", "--dest", str(dest), "--", *train_args]) == 0
@@ -804,7 +805,7 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
     short = [*bench_args, "--num-assistant-tokens", "3"]
     short[short.index("--methods") + 1] = "exact"
     del short[short.index("--head") : short.index("--head") + 2]
-    assert bench.main(short) == 0
+    assert bench_cli.main(short) == 0
     lines = table1_report.task_section("gsm8k", tmp_path / "table1")
     row = next(line for line in lines if line.startswith("| this pair, head `runs/head` |"))
     rows = json.loads((tmp_path / "table1" / bench.SUMMARY_FILE).read_text())["rows"]
@@ -820,7 +821,7 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
     shutil.copytree(tmp_path / "runs" / "head", tmp_path / "runs" / "code-head")
     config_file = tmp_path / "runs" / "code-head" / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "task": "mbpp"}))
-    assert bench.main([*bench_args[:8], "--methods", "diversed", "--head", "runs/code-head", *bench_args[12:]]) == 0
+    assert bench_cli.main([*bench_args[:8], "--methods", "diversed", "--head", "runs/code-head", *bench_args[12:]]) == 0
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / "gsm8k").symlink_to(tmp_path / "table1")
     cross = table1_report.cross_task_section(tmp_path / "root")
@@ -870,8 +871,8 @@ def test_table1_report_predicts_the_real_timing_with_the_timing_runs_costs_and_n
         str(tmp_path / "gsm8k"),
     ]
     timed = [*common, "--timed-examples", "2", "--dtype", "bfloat16", "--output-dir", str(tmp_path / "gsm8k-timed")]
-    assert bench.main(table) == 0 and bench.main(timed) == 0
-    assert bench.main([*table, "--num-assistant-tokens", "3"]) == 0  # an N whose v the timing run did not measure
+    assert bench_cli.main(table) == 0 and bench_cli.main(timed) == 0
+    assert bench_cli.main([*table, "--num-assistant-tokens", "3"]) == 0  # an N whose v the timing run did not measure
 
     lines = table1_report.task_section("gsm8k", tmp_path / "gsm8k")
     (cost,) = json.loads((tmp_path / "gsm8k-timed" / bench.COSTS_FILE).read_text()).values()
@@ -908,16 +909,16 @@ def test_table1_report_sets_each_draft_length_side_by_side_on_shared_examples(
         "-q", "--dtype", "float32",
     ]  # fmt: skip
     table = [*common, "--timed-examples", "0", "--no-costs", "--output-dir", str(tmp_path / "gsm8k")]
-    assert bench.main([*table, "--num-examples", "3", "--num-assistant-tokens", "2"]) == 0
+    assert bench_cli.main([*table, "--num-examples", "3", "--num-assistant-tokens", "2"]) == 0
     in_bf16 = [*table, "--num-examples", "2", "--num-assistant-tokens", "3"]
     in_bf16[in_bf16.index("float32")] = "bfloat16"
-    assert bench.main(in_bf16) == 0
+    assert bench_cli.main(in_bf16) == 0
     sampled = bench.load_records(tmp_path / "gsm8k" / bench.RESULTS_FILE)[-1]
     own = {costs_key(sampled["target"], sampled["draft"], "bfloat16"): {"c": 0.9, "v": {"3": 5.0}}}
     (tmp_path / "gsm8k" / bench.COSTS_FILE).write_text(json.dumps(own))  # the sampler's own bf16 costs, far off
     timed_dir = tmp_path / f"gsm8k{timed_suffix}"
     timed = [*common, "--num-examples", "2", "--timed-examples", "2", "--output-dir", str(timed_dir)]
-    assert bench.main([*timed, "--num-assistant-tokens", "2,3"]) == 0
+    assert bench_cli.main([*timed, "--num-assistant-tokens", "2,3"]) == 0
 
     lines = table1_report.task_section("gsm8k", tmp_path / "gsm8k")
     rows = {int(line.split(" | ")[1]): line for line in lines if line.startswith("| exact | ")}
@@ -953,9 +954,9 @@ def test_table1_report_draws_the_greedy_frontier_against_real_time_and_acceptanc
     ]  # fmt: skip
     out = tmp_path / "gsm8k"
     sampled = [*common, "--methods", "exact", "--timed-examples", "0", "--no-costs", "--output-dir", str(out)]
-    assert bench.main([*sampled, "--static-sweep", "0,0.5,1"]) == 0
+    assert bench_cli.main([*sampled, "--static-sweep", "0,0.5,1"]) == 0
     assert table1_report.greedy_frontier_section("gsm8k", out) == []  # three weights: no frontier yet
-    assert bench.main([*sampled, "--static-sweep", "0,0.3,0.5,1"]) == 0
+    assert bench_cli.main([*sampled, "--static-sweep", "0,0.3,0.5,1"]) == 0
     untimed = table1_report.greedy_frontier_section("gsm8k", out)
     assert any(line.startswith("Real time per token: not yet timed") for line in untimed)
     monkeypatch.setattr(table1_report, "FIGURE2", ("gsm8k", 2, 5))
@@ -967,7 +968,7 @@ def test_table1_report_draws_the_greedy_frontier_against_real_time_and_acceptanc
 
     timed_dir = tmp_path / f"gsm8k{table1_report.GREEDY_TIMED_SUFFIX}"
     timed = ["--methods", "ar,exact", "--static-sweep", "0,1", "--timed-examples", "2", "--output-dir", str(timed_dir)]
-    assert bench.main([*common, *timed]) == 0
+    assert bench_cli.main([*common, *timed]) == 0
     lines = table1_report.greedy_frontier_section("gsm8k", out)
     rows = {line.split(" | ")[0].removeprefix("| "): line.split(" | ") for line in lines if line.startswith("| ")}
     assert set(rows) >= {"ar", "exact", "static:0", "static:0.3", "static:0.5", "static:1"}
@@ -1003,7 +1004,7 @@ def test_table1_report_reads_a_timing_run_stopped_part_way(setup, tmp_path, monk
         "--tasks", "gsm8k", "--methods", "ar,exact", "--num-examples", "2", "--timed-examples", "2",
         "--batch-size", "4", "--max-new-tokens", "6", "--threads", "1", "-q", "--output-dir", str(timed_dir),
     ]  # fmt: skip
-    assert bench.main(argv) == 0
+    assert bench_cli.main(argv) == 0
     (timed_dir / bench.SUMMARY_FILE).unlink()
     records = bench.load_records(timed_dir / bench.RESULTS_FILE)
     # stopped after the target alone's second example, before exact SD's
@@ -1032,9 +1033,9 @@ def test_table1_report_says_when_a_timing_run_was_resumed_in_another_invocation(
         "--tasks", "gsm8k", "--num-examples", "2", "--timed-examples", "2", "--batch-size", "4",
         "--max-new-tokens", "6", "--threads", "1", "-q", "--no-costs", "--output-dir", str(timed_dir),
     ]  # fmt: skip
-    assert bench.main([*common, "--methods", "ar,exact"]) == 0
+    assert bench_cli.main([*common, "--methods", "ar,exact"]) == 0
     time.sleep(1.1)  # the run log and the records are stamped to the second
-    assert bench.main([*common, "--methods", "ar,exact,static:0"]) == 0
+    assert bench_cli.main([*common, "--methods", "ar,exact,static:0"]) == 0
     config = json.loads((timed_dir / bench.SUMMARY_FILE).read_text())["config"]
 
     rows, (line,), _ = table1_report.timed_section(timed_dir)
@@ -1059,7 +1060,9 @@ def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch
         "-q", "--no-costs",
     ]  # fmt: skip
     assert (
-        bench.main([*common, "--methods", "exact", "--timed-examples", "0", "--output-dir", str(tmp_path / "gsm8k")])
+        bench_cli.main(
+            [*common, "--methods", "exact", "--timed-examples", "0", "--output-dir", str(tmp_path / "gsm8k")]
+        )
         == 0
     )
     assert table1_report.outstanding(tmp_path, timed_examples=2) == [
@@ -1073,10 +1076,10 @@ def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch
         "xsum: every record",
     ]
     timed = ["--methods", "ar,exact", "--timed-examples", "2", "--output-dir", str(tmp_path / "gsm8k-timed")]
-    assert bench.main([*common, *timed]) == 0
+    assert bench_cli.main([*common, *timed]) == 0
     assert "gsm8k: the real-speed timing run" not in table1_report.outstanding(tmp_path, timed_examples=2)
     lengths = ["--methods", "exact", "--timed-examples", "0", "--output-dir", str(tmp_path / "gsm8k")]
-    assert bench.main([*common, *lengths, "--num-assistant-tokens", "3,7"]) == 0
+    assert bench_cli.main([*common, *lengths, "--num-assistant-tokens", "3,7"]) == 0
     assert table1_report.outstanding(tmp_path, timed_examples=2)[:4] == [
         "gsm8k: SD with the LoRA-distilled draft",
         "gsm8k: a head trained on it",
@@ -1085,7 +1088,7 @@ def test_table1_report_says_what_table1_still_lacks(setup, tmp_path, monkeypatch
     ]
     assert "gsm8k: the timing run, at 2 of 3 examples" in table1_report.outstanding(tmp_path, timed_examples=3)
     draft_timed = ["--methods", "exact", "--timed-examples", "2", "--output-dir", str(tmp_path / "gsm8k-draft-timed")]
-    assert bench.main([*common, *draft_timed, "--num-assistant-tokens", "3,5,7"]) == 0
+    assert bench_cli.main([*common, *draft_timed, "--num-assistant-tokens", "3,5,7"]) == 0
     assert "gsm8k: the draft lengths' timing run" not in table1_report.outstanding(tmp_path, timed_examples=2)
     assert "gsm8k: the draft lengths' timing run, at 2 of 3 examples" in table1_report.outstanding(
         tmp_path, timed_examples=3
@@ -1104,11 +1107,14 @@ def test_pilot_report_sets_a_pilots_methods_beside_the_tables_on_the_pilots_rows
         "--timed-examples", "0", "--no-costs",
     ]  # fmt: skip
     assert (
-        bench.main([*common, "--methods", "exact,static:0", "--num-examples", "3", "--output-dir", str(tmp_path / "t")])
+        bench_cli.main(
+            [*common, "--methods", "exact,static:0", "--num-examples", "3", "--output-dir", str(tmp_path / "t")]
+        )
         == 0
     )
     assert (
-        bench.main([*common, "--methods", "lossy:0.3", "--num-examples", "2", "--output-dir", str(tmp_path / "p")]) == 0
+        bench_cli.main([*common, "--methods", "lossy:0.3", "--num-examples", "2", "--output-dir", str(tmp_path / "p")])
+        == 0
     )
 
     pilot_report.main(["--pilot", str(tmp_path / "p"), "--table", str(tmp_path / "t")])

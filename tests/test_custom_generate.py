@@ -91,7 +91,7 @@ def test_greedy_tokens_equal_hf_diversed(llama_pair, head_dir, n):
         ref = _reference(target, draft, ids, head_dir, n, max_new_tokens=24, _diversed_trace=trace)
         out = _custom(target, draft, ids, head_dir, max_new_tokens=24, num_assistant_tokens=n)
         assert out.dtype == torch.long and torch.equal(out, ref)
-    w = torch.cat([entry["w"] for entry in trace])
+    w = torch.cat([entry.w for entry in trace])
     assert w.std() > 0.05, "the head should weigh tokens differently, or the test proves little"
 
 

@@ -168,8 +168,8 @@ def test_rows_by_id_in_the_order_given(data):
 def test_table1_id_lists_name_the_rows_the_records_were_made_on(data, task):
     """docs/table1/<task>/ids.txt (what a user on the Hub passes to --ids) selects exactly the rows of the
     committed records, index by index, with the prompts they were made on."""
+    from hf_diversed.cli.bench import read_ids
     from hf_diversed.evaluation.bench import load_records
-    from hf_diversed.evaluation.bench.cli import read_ids
 
     require_data_dir()  # the records were made on the local copy's rows
     ids = read_ids(str(REPO / "docs" / "table1" / task / "ids.txt"))
@@ -416,8 +416,8 @@ def test_table1_records_match_their_prompts(data, task):
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
+    from hf_diversed.cli.bench import read_ids
     from hf_diversed.evaluation.bench import load_records
-    from hf_diversed.evaluation.bench.cli import read_ids
     from hf_diversed.evaluation.real_models import ensure_pair
 
     require_data_dir()  # the records were made on the local copy's rows

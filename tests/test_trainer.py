@@ -21,7 +21,7 @@ from hf_diversed.modeling.modeling_diversed_head import DiversedHead, position_w
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
 from hf_diversed.trainer.curves import CURVES_FILE, load_history
 from hf_diversed.trainer.imitation import fit_head_to_weights, roc_auc
-from hf_diversed.trainer.rollout import collect_rollout, collect_rollouts, load_rollouts
+from hf_diversed.trainer.rollout import Rollout, collect_rollout, collect_rollouts, load_rollouts, rollouts_trace
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,11 +103,16 @@ def test_rollout_trace_matches_head(pair):
     head = DiversedHead.for_models(target, draft)
     torch.manual_seed(0)
     r = collect_rollout(target, draft, head, prompts(1)[0], max_new_tokens=16, temperature=1.0, num_assistant_tokens=4)
-    assert r.h_draft.shape == (r.num_tokens, 32) and r.h_target.shape == (r.num_tokens, 64)
+    t = r.trace
+    assert t.h_draft.shape == (r.num_tokens, 32) and t.h_target.shape == (r.num_tokens, 64)
     # drafted positions only: never more than the verified ones, never the bonus tokens
     assert 0 < r.num_tokens <= min(r.stats.num_verified, r.completion_ids.numel())
-    torch.testing.assert_close(position_weights(head, r.h_draft, r.h_target), r.w_old)
-    assert ((r.p_y > 0) & (r.q_y > 0) & (r.tv >= 0) & (r.tv <= 1)).all()
+    torch.testing.assert_close(position_weights(head, t.h_draft, t.h_target), t.w)
+    assert ((t.p_y > 0) & (t.q_y > 0) & (t.tv >= 0) & (t.tv <= 1)).all()
+    # the completion's tokens in order, less the bonus tokens; per round accepted drafts, then at most one correction
+    emitted = iter(r.completion_ids.tolist())
+    assert all(token in emitted for token in t.tokens.tolist())
+    assert int(t.accepted.sum()) <= r.stats.num_accepted and int((~t.accepted).sum()) <= r.stats.num_rounds
 
 
 def _assert_same_rollout(real, batched, what: str, unseen_draft_eos: bool = False) -> None:
@@ -126,12 +131,12 @@ def _assert_same_rollout(real, batched, what: str, unseen_draft_eos: bool = Fals
         assert extra == 0, f"{what}: num_drafted differs by {extra:+d}"
     for name in ("weight_sum", "tv_sum"):
         assert getattr(real.stats, name) == pytest.approx(getattr(batched.stats, name), abs=1e-4), what
-    for name in ("h_draft", "h_target", "p_y", "q_y", "tv", "w_old"):
-        a, b = getattr(real, name), getattr(batched, name)
+    for name in ("h_draft", "h_target", "p_y", "q_y", "tv", "w", "max_p", "max_q"):
+        a, b = getattr(real.trace, name), getattr(batched.trace, name)
         assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, f"{what}: {name} {a.shape} {b.shape}"
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0, msg=f"{what}: {name} differs")
-    for name in ("top_p", "top_q"):
-        assert torch.equal(getattr(real, name), getattr(batched, name)), f"{what}: {name} differs"
+    for name in ("tokens", "accepted", "top_p", "top_q"):
+        assert torch.equal(getattr(real.trace, name), getattr(batched.trace, name)), f"{what}: {name} differs"
 
 
 def test_collect_rollouts_match_collect_rollout_greedy(pair):
@@ -292,11 +297,12 @@ def test_steps_per_generation_draws_a_block_with_one_head(pair, tmp_path):
     for step, batch, head_now in drawn:
         drew = drawn[step - step % 2][2]  # the head at the block's first step
         for rollout in batch:
-            w = position_weights(head_now, rollout.h_draft, rollout.h_target).detach()
-            w_drew = position_weights(drew, rollout.h_draft, rollout.h_target).detach()
-            assert torch.allclose(rollout.w_old, w_drew, atol=1e-6)
+            t = rollout.trace
+            w = position_weights(head_now, t.h_draft, t.h_target).detach()
+            w_drew = position_weights(drew, t.h_draft, t.h_target).detach()
+            assert torch.allclose(t.w, w_drew, atol=1e-6)
             if step % 2:  # one update later the head has moved: these rollouts are off-policy
-                assert not torch.allclose(rollout.w_old, w, atol=1e-4)
+                assert not torch.allclose(t.w, w, atol=1e-4)
     resumed, _, _ = make("k2b", 2, save_steps=2)
     resumed.train(resume_from_checkpoint=tmp_path / "k2" / "out" / "checkpoint-2")
     assert resumed.history == blocked.history
@@ -417,12 +423,12 @@ def test_training_starts_from_a_head_fitted_to_a_rule(pair, tmp_path, monkeypatc
     loaded = load_rollouts(tmp_path / "rollouts.pt")
     rule = TokenClassEnsemble(frozenset(range(0, 128, 3)), 0.0)
     targets, groups = imitate_rule.rule_targets(rule, loaded)
-    top_p, top_q = torch.cat([r.top_p for r in loaded]), torch.cat([r.top_q for r in loaded])
+    top_p, top_q = rollouts_trace(loaded).top_p, rollouts_trace(loaded).top_q
     assert torch.equal(targets, ((top_p % 3 == 0) | (top_q % 3 == 0)).float())
     assert groups.tolist() == [i for i, r in enumerate(loaded) for _ in range(r.num_tokens)]
     head = DiversedHead.for_models(target, draft)
-    h_d, h_t = torch.cat([r.h_draft for r in loaded]), torch.cat([r.h_target for r in loaded])
-    fit_head_to_weights(head, h_d, h_t, targets, groups=groups, holdout=0.0, steps=50)
+    fit_head_to_weights(head, rollouts_trace(loaded).h_draft, rollouts_trace(loaded).h_target, targets,
+                        groups=groups, holdout=0.0, steps=50)  # fmt: skip
     head.save_pretrained(tmp_path / "rule-head")
 
     config = _config(tmp_path, max_steps=1, init_head=str(tmp_path / "rule-head"))
@@ -435,9 +441,11 @@ def test_training_starts_from_a_head_fitted_to_a_rule(pair, tmp_path, monkeypatc
                         train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
     with pytest.raises(ValueError, match="not both"):
         DiversedTrainer(config, target, draft, head=head, train_dataset=_dataset(), reward_funcs=[_constant_reward])
-    rollouts[0].top_p = None
-    with pytest.raises(ValueError, match="carry no most-likely tokens"):
-        imitate_rule.rule_targets(rule, rollouts)
+    old = Rollout.__new__(Rollout)  # as pickled before rollouts held a Trace: per-position fields, no tokens
+    old.__dict__.update(completion_ids=loaded[0].completion_ids, p_y=loaded[0].trace.p_y, w_old=loaded[0].trace.w)
+    torch.save([old], tmp_path / "old-rollouts.pt")
+    with pytest.raises(ValueError, match="draw them again"):
+        load_rollouts(tmp_path / "old-rollouts.pt")
 
 
 def test_a_head_reading_the_next_token_laws_imitates_a_cascade_then_trains(pair, tmp_path, monkeypatch):
@@ -459,7 +467,7 @@ def test_a_head_reading_the_next_token_laws_imitates_a_cascade_then_trains(pair,
     assert torch.equal(targets, (max_q < max_p - 0.1 * tv).float())
     assert 0.1 < float(targets.mean()) < 0.9, "both sides of the rule should occur, or the fit proves little"
     head = DiversedHead.for_models(target, draft, use_distribution_features=True)
-    h_d, h_t = torch.cat([r.h_draft for r in rollouts]), torch.cat([r.h_target for r in rollouts])
+    h_d, h_t = rollouts_trace(rollouts).h_draft, rollouts_trace(rollouts).h_target
     metrics = fit_head_to_weights(head, h_d, h_t, targets, groups=groups, holdout=0.25, steps=300,
                                   learning_rate=5e-2, features=rollout_features(rollouts))  # fmt: skip
     assert metrics["held_out"]["auc"] > 0.95, metrics
@@ -476,11 +484,8 @@ def test_a_head_reading_the_next_token_laws_imitates_a_cascade_then_trains(pair,
     with pytest.raises(ValueError, match="contradicts the head in `init_head`"):
         DiversedTrainer(_config(tmp_path, init_head=str(tmp_path / "plain-head"), use_distribution_features=True),
                         target, draft, train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
-    rollouts[0].max_p = None
-    with pytest.raises(ValueError, match="carry no most-likely token probabilities"):
-        imitate_rule.rule_targets(rule, rollouts)
     with pytest.raises(ValueError, match="these positions carry none"):
-        position_weights(head, h_d, h_t, rollout_features(rollouts))
+        position_weights(head, h_d, h_t, None)
 
 
 def test_training_can_start_from_a_speculative_cascade(pair, tmp_path):
@@ -560,7 +565,7 @@ def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
     fresh, fitted = results[str(tmp_path / "fresh")], results[str(out)]
     assert fresh["mean_w"] == pytest.approx(0.5) and fresh["std_w"] == 0 and fresh["corr_w_tv"] is None
     assert fresh["expected_acceptance"] == pytest.approx(fresh["expected_acceptance_static_same_mean_w"])
-    tv = torch.cat([r.tv for r in rollouts]).double()
+    tv = rollouts_trace(rollouts).tv.double()
     assert fresh["expected_acceptance"] == pytest.approx(float((1 - 0.5 * tv).mean()))
     assert fitted["std_w"] > 0 and "auc_w_for_rule" in fitted
     assert "| head | mean_w |" in capsys.readouterr().out
@@ -569,14 +574,17 @@ def test_imitate_rule_command(tmp_path, monkeypatch, capsys):
 def _recorded(p_y, q_y, tv, top_p, w_old=0.5):
     """A recorded rollout with given per-position quantities (no model needed)."""
     from hf_diversed.generation.stats import DiversedStats
+    from hf_diversed.generation.trace import Trace
     from hf_diversed.trainer.rollout import Rollout
 
     n = len(p_y)
-    return Rollout(
-        completion_ids=torch.zeros(n, dtype=torch.long), h_draft=torch.zeros(n, 2), h_target=torch.zeros(n, 2),
-        p_y=torch.tensor(p_y), q_y=torch.tensor(q_y), tv=torch.tensor(tv), w_old=torch.full((n,), w_old),
-        stats=DiversedStats(), top_p=torch.tensor(top_p), top_q=torch.zeros(n, dtype=torch.long),
+    zeros = torch.zeros(n, dtype=torch.long)
+    trace = Trace(
+        tokens=zeros, p_y=torch.tensor(p_y), q_y=torch.tensor(q_y), tv=torch.tensor(tv), w=torch.full((n,), w_old),
+        accepted=torch.ones(n, dtype=torch.bool), top_p=torch.tensor(top_p), top_q=zeros, max_p=torch.ones(n),
+        max_q=torch.ones(n), h_draft=torch.zeros(n, 2), h_target=torch.zeros(n, 2),
     )  # fmt: skip
+    return Rollout(completion_ids=zeros, trace=trace, stats=DiversedStats())
 
 
 def test_reward_push_splits_the_first_update_into_reward_and_regularizer():

@@ -30,7 +30,7 @@ from trl import TrlParser
 from hf_diversed.generation.verification import SpecCascade, TokenClassEnsemble, parse_rule
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead
 from hf_diversed.trainer.imitation import fit_head_to_weights
-from hf_diversed.trainer.rollout import load_rollouts, rollout_features, rule_weights
+from hf_diversed.trainer.rollout import load_rollouts, rollouts_trace, rule_weights
 
 
 @dataclass
@@ -87,11 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     head = DiversedHead.for_models(*shells, init_weight=args.init_weight, target_model=args.target,
                                    draft_model=args.draft, task=None,
                                    use_distribution_features=args.use_distribution_features)  # fmt: skip
-    h_draft = torch.cat([r.h_draft for r in rollouts])
-    h_target = torch.cat([r.h_target for r in rollouts])
-    features = rollout_features(rollouts) if args.use_distribution_features else None
-    if args.use_distribution_features and features is None:
-        raise SystemExit("--use_distribution_features needs rollouts that record max_p/max_q; draw them again.")
+    trace = rollouts_trace(rollouts)
+    h_draft, h_target = trace.h_draft, trace.h_target
+    features = trace.distribution_features() if args.use_distribution_features else None
     metrics = fit_head_to_weights(head, h_draft, h_target, targets, groups=groups, holdout=args.holdout,
                                   steps=args.steps, learning_rate=args.learning_rate, seed=args.seed,
                                   features=features)  # fmt: skip

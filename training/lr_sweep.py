@@ -29,7 +29,7 @@ from trl import TrlParser
 
 from hf_diversed.modeling.modeling_diversed_head import position_weights
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
-from hf_diversed.trainer.rollout import rollout_features
+from hf_diversed.trainer.rollout import rollouts_trace
 
 
 @dataclass
@@ -61,9 +61,8 @@ class SweepArguments:
 
 
 def _features(blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    rollouts = [r for _, batch, _ in blocks for r in batch]
-    return (torch.cat([r.h_draft for r in rollouts]), torch.cat([r.h_target for r in rollouts]),
-            rollout_features(rollouts))  # fmt: skip
+    trace = rollouts_trace([r for _, batch, _ in blocks for r in batch])
+    return trace.h_draft, trace.h_target, trace.distribution_features()
 
 
 def _weights(trainer: DiversedTrainer, h_draft: torch.Tensor, h_target: torch.Tensor, features) -> torch.Tensor:

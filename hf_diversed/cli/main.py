@@ -28,7 +28,9 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..evaluation import bench, demo
+    from ..evaluation import demo
+    from . import bench as bench_cli
+    from . import demo as demo_cli
     from . import heads as heads_command
     from . import models as models_cli
     from . import trim_draft
@@ -39,11 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     models_cli.add_arguments(sub.add_parser("models", help="build the real models' GGUF copies (no Hub needed)"))
     heads = heads_command.add_arguments(sub.add_parser("heads", help="list the bundled heads; seed the HF cache"))
     heads.set_defaults(func=heads_command.run)
-    demo.add_arguments(sub.add_parser("demo", help="generate on the real pair, compare methods")).set_defaults(
+    demo_cli.add_arguments(sub.add_parser("demo", help="generate on the real pair, compare methods")).set_defaults(
         func=demo.run
     )
-    bench.add_arguments(sub.add_parser("bench", help="quality versus speed of decoding methods on real tasks"))
-    sub.choices["bench"].set_defaults(func=bench.run)
+    bench_cli.add_arguments(sub.add_parser("bench", help="quality versus speed of decoding methods on real tasks"))
+    sub.choices["bench"].set_defaults(func=bench_cli.run)
     trim = trim_draft.add_arguments(sub.add_parser("trim-draft", help="save a draft with a trimmed vocabulary"))
     trim.set_defaults(func=trim_draft.run)
     return parser

@@ -7,6 +7,7 @@
 - ``verification.py``: the verification rules, pure tensor maths.
 - ``checks.py``: what a pair and a call must satisfy, shared by the loops and the sampler.
 - ``stats.py``: per-call statistics.
+- ``trace.py``: the per-position trace (what the head saw, what the rule did), for rollouts and diagnostics.
 - ``batched.py``: the batched law-exact sampler (many sequences at once, the law of ``generate``).
 - ``_compat.py``: the only module that touches transformers' private generation internals.
 

@@ -56,7 +56,7 @@ def diversed_generate(model, original_generate, *args, **kwargs):
         return original_generate(model, *args, **kwargs)
     head_arg = kwargs.pop("diversed_head", None)
     verifier_arg = kwargs.pop("diversed_verifier", None)
-    trace = kwargs.pop("_diversed_trace", None)  # private: a list to receive per-round traces (rollouts)
+    trace = kwargs.pop("_diversed_trace", None)  # private: a list to receive a Trace per round (rollouts)
     bound = _GENERATE_SIGNATURE.bind_partial(model, *args, **kwargs).arguments
     draft = bound.get("assistant_model")
     if draft is not None:

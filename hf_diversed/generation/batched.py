@@ -48,6 +48,7 @@ from . import _compat
 from .candidate_generator import LastHiddenStateRecorder
 from .checks import CONTEXT_FREE_PROCESSORS, check_pair
 from .stats import DiversedStats
+from .trace import Trace, TraceBuilder
 from .verification import VerificationRule, parse_rule
 
 __all__ = ["SampleRequest", "SampleResult", "SamplerConfig", "sample_batched"]
@@ -128,36 +129,17 @@ class SampleRequest:
 
 
 @dataclass
-class SampleTrace:
-    """Per emitted *drafted* position (accepted drafts and corrections, never bonus tokens), as the trainer
-    reads a rollout: the token y, p(y), q(y), TV(p, q), the weight w used, whether the draft was accepted, both
-    models' most likely tokens and their probabilities, and the head's inputs."""
-
-    tokens: torch.Tensor  # (T,)
-    p_y: torch.Tensor  # (T,)
-    q_y: torch.Tensor  # (T,)
-    tv: torch.Tensor  # (T,)
-    w: torch.Tensor  # (T,)
-    accepted: torch.Tensor  # (T,) bool: an accepted draft (False: the correction after a rejection)
-    top_p: torch.Tensor  # (T,) argmax p_t: the target's most likely token (what token-class rules look at)
-    top_q: torch.Tensor  # (T,) argmax q_t
-    max_p: torch.Tensor  # (T,) max p_t (with max_q and tv: a head's distribution features)
-    max_q: torch.Tensor  # (T,) max q_t
-    h_draft: torch.Tensor  # (T, D_draft)
-    h_target: torch.Tensor  # (T, D_target)
-
-
-@dataclass
 class SampleResult:
-    """A finished request: its completion (EOS included), the statistics ``generate`` would report, and why
-    it stopped (``"eos"`` or ``"length"``)."""
+    """A finished request: its completion (EOS included), the statistics ``generate`` would report, why it
+    stopped (``"eos"`` or ``"length"``) and, with ``return_trace``, its :class:`~.trace.Trace` (head inputs
+    included)."""
 
     request: SampleRequest
     index: int
     completion_ids: torch.Tensor
     stats: DiversedStats
     finish_reason: str
-    trace: SampleTrace | None = None
+    trace: Trace | None = None
 
     @property
     def tag(self) -> Any:
@@ -182,7 +164,7 @@ class _Row:
     stats: DiversedStats = field(default_factory=DiversedStats)
     round_w: float = 0.0
     round_tv: float = 0.0
-    trace: dict[str, list] | None = None
+    trace: TraceBuilder | None = None
     finish_reason: str | None = None
 
 
@@ -313,11 +295,9 @@ class _Sampler:
         prompt = request.prompt_ids.reshape(-1).tolist()
         if not prompt:
             raise ValueError(f"request {index} has an empty prompt.")
-        trace = {k: [] for k in ("tokens", "p_y", "q_y", "tv", "w", "accepted", "top_p", "top_q", "max_p",
-                                 "max_q", "h_draft", "h_target")}  # fmt: skip
         return _Row(
             index=index, request=request, rule=rule, head=request.head, generator=generator, context=prompt,
-            schedule_n=self.config.num_assistant_tokens, trace=trace if self.return_trace else None,
+            schedule_n=self.config.num_assistant_tokens, trace=TraceBuilder() if self.return_trace else None,
         )  # fmt: skip
 
     def _join(self, joining: list[tuple[_Row, _Prefix]]) -> None:
@@ -507,13 +487,11 @@ class _Sampler:
                 else:
                     token, ends, ok = corrections[i], True, False
                 if row.trace is not None:
-                    for key, value in (("tokens", token), ("p_y", float(p[i, token])), ("q_y", float(q[i, token])),
-                                       ("tv", tv_list[i]), ("w", w_list[i]), ("accepted", ok),
-                                       ("top_p", top_p[i]), ("top_q", top_q[i]), ("max_p", max_p[i]),
-                                       ("max_q", max_q[i])):  # fmt: skip
-                        row.trace[key].append(value)
-                    row.trace["h_draft"].append(h_draft[i].float().cpu())
-                    row.trace["h_target"].append(h_target[i].float().cpu())
+                    row.trace.append(
+                        tokens=token, p_y=float(p[i, token]), q_y=float(q[i, token]), tv=tv_list[i], w=w_list[i],
+                        accepted=ok, top_p=top_p[i], top_q=top_q[i], max_p=max_p[i], max_q=max_q[i],
+                        h_draft=h_draft[i].float().cpu(), h_target=h_target[i].float().cpu(),
+                    )  # fmt: skip
             else:  # the bonus position
                 token, ends = bonus_tokens[i], True
             out.append(token)
@@ -547,23 +525,8 @@ class _Sampler:
     def _result(self, row: _Row) -> SampleResult:
         trace = None
         if row.trace is not None:
-            t = row.trace
-            dims = (self.draft.model.config.get_text_config().hidden_size,
-                    self.target.model.config.get_text_config().hidden_size)  # fmt: skip
-            trace = SampleTrace(
-                tokens=torch.tensor(t["tokens"], dtype=torch.long),
-                p_y=torch.tensor(t["p_y"], dtype=torch.float32),
-                q_y=torch.tensor(t["q_y"], dtype=torch.float32),
-                tv=torch.tensor(t["tv"], dtype=torch.float32),
-                w=torch.tensor(t["w"], dtype=torch.float32),
-                accepted=torch.tensor(t["accepted"], dtype=torch.bool),
-                top_p=torch.tensor(t["top_p"], dtype=torch.long),
-                top_q=torch.tensor(t["top_q"], dtype=torch.long),
-                max_p=torch.tensor(t["max_p"], dtype=torch.float32),
-                max_q=torch.tensor(t["max_q"], dtype=torch.float32),
-                h_draft=torch.stack(t["h_draft"]) if t["h_draft"] else torch.zeros(0, dims[0]),
-                h_target=torch.stack(t["h_target"]) if t["h_target"] else torch.zeros(0, dims[1]),
-            )
+            trace = row.trace.build(self.draft.model.config.get_text_config().hidden_size,
+                                    self.target.model.config.get_text_config().hidden_size)  # fmt: skip
         return SampleResult(
             request=row.request, index=row.index, completion_ids=torch.tensor(row.completion, dtype=torch.long),
             stats=row.stats, finish_reason=row.finish_reason, trace=trace,

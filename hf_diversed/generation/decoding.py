@@ -33,6 +33,7 @@ from ._compat import (
 )
 from .candidate_generator import DiversedCandidateGenerator, LastHiddenStateRecorder
 from .stats import DiversedStats
+from .trace import Trace
 from .verification import VerificationRule
 
 
@@ -47,8 +48,8 @@ class DecodingSettings:
     generator: torch.Generator | None = None
     stats: DiversedStats = field(default_factory=DiversedStats)
     entered: bool = False
-    # When a list: one dict per round (see ``_trace_round``) describing the emitted drafted positions.
-    trace: list | None = None
+    # When a list: one Trace per round that emitted drafted positions (see ``_trace_round``).
+    trace: list[Trace] | None = None
 
 
 @dataclass
@@ -59,46 +60,43 @@ class DiversedGenerateOutput(GenerateDecoderOnlyOutput):
 
 
 def _trace_round(
-    settings,
     target_recorder,
     candidate_generator,
     new_logits,
     candidate_logits,
     valid_tokens,
+    num_accepted: int,
     weight,
     tv,
-    candidate_length,
-) -> None:
-    """Append one round's emitted *drafted* positions (accepted drafts and the correction token, after the
-    EOS / length crops; never the bonus token) to ``settings.trace``.
-
-    Entry keys: ``tokens`` (k,), ``p_y`` / ``q_y`` (k,) target / draft probabilities of the emitted tokens
-    (after logits processors), ``tv`` (k,) TV(p_t, q_t), ``w`` (k,) the mixture weight used, ``top_p`` /
-    ``top_q`` (k,) both models' most likely tokens, ``max_p`` / ``max_q`` (k,) their probabilities, and, when a
-    head is present, ``h_draft`` (k, D_draft) and ``h_target`` (k, D_target) (the head's inputs), all
-    float32, detached, on CPU.
-    """
+    candidate_length: int,
+) -> Trace | None:
+    """One round's emitted *drafted* positions (accepted drafts and the correction token, after the EOS / length
+    crops; never the bonus token) as a :class:`Trace`; None when the round emitted none. The head's inputs are
+    recorded when the loop runs a head."""
     k = min(valid_tokens.shape[1], candidate_length)
     if k <= 0:
-        return
+        return None
     tokens = valid_tokens[0, :k]
     p = new_logits[0, :k].float().softmax(-1)
     q = candidate_logits[0, :k].float().softmax(-1)
-    entry = {
-        "tokens": tokens.detach().cpu(),
-        "p_y": p.gather(-1, tokens.view(-1, 1).to(p.device)).squeeze(-1).detach().cpu(),
-        "q_y": q.gather(-1, tokens.view(-1, 1).to(q.device)).squeeze(-1).detach().cpu(),
-        "tv": tv[0, :k].detach().float().cpu(),
-        "w": weight[0, :k].detach().float().cpu(),
-        "top_p": p.argmax(-1).detach().cpu(),
-        "top_q": q.argmax(-1).detach().cpu(),
-        "max_p": p.amax(-1).detach().cpu(),
-        "max_q": q.amax(-1).detach().cpu(),
-    }
+    h_target = h_draft = None
     if target_recorder is not None and candidate_generator.draft_hidden_states is not None:
-        entry["h_target"] = target_recorder.states[-1][0, -candidate_length - 1 : -1][:k].detach().float().cpu()
-        entry["h_draft"] = candidate_generator.draft_hidden_states[0, :k].detach().float().cpu()
-    settings.trace.append(entry)
+        h_target = target_recorder.states[-1][0, -candidate_length - 1 : -1][:k].detach().float().cpu()
+        h_draft = candidate_generator.draft_hidden_states[0, :k].detach().float().cpu()
+    return Trace(
+        tokens=tokens.detach().cpu(),
+        p_y=p.gather(-1, tokens.view(-1, 1).to(p.device)).squeeze(-1).detach().cpu(),
+        q_y=q.gather(-1, tokens.view(-1, 1).to(q.device)).squeeze(-1).detach().cpu(),
+        tv=tv[0, :k].detach().float().cpu(),
+        w=weight[0, :k].detach().float().cpu(),
+        accepted=torch.arange(k) < num_accepted,
+        top_p=p.argmax(-1).detach().cpu(),
+        top_q=q.argmax(-1).detach().cpu(),
+        max_p=p.amax(-1).detach().cpu(),
+        max_q=q.amax(-1).detach().cpu(),
+        h_draft=h_draft,
+        h_target=h_target,
+    )
 
 
 def assisted_decoding(
@@ -238,17 +236,19 @@ def assisted_decoding(
                 valid_tokens = valid_tokens[:, : eos_positions[0].item() + 1]
         n_matches = valid_tokens.shape[1] - 1
         if settings.trace is not None:
-            _trace_round(
-                settings,
+            trace = _trace_round(
                 target_recorder,
                 candidate_generator,
                 new_logits,
                 candidate_logits,
                 valid_tokens,
+                n_raw,
                 verdict.weight,
                 verdict.tv,
                 candidate_length,
             )
+            if trace is not None:
+                settings.trace.append(trace)
 
         # 4. Append, roll back the target cache past the accepted prefix, update the draft schedule.
         input_ids = torch.cat((input_ids, valid_tokens), dim=-1)

@@ -18,7 +18,7 @@ import torch
 
 from ..modeling.modeling_diversed_head import position_weights
 from .imitation import roc_auc
-from .rollout import rollout_features, rule_weights
+from .rollout import rollouts_trace, rule_weights
 
 __all__ = ["head_diagnostics", "reward_push"]
 
@@ -34,16 +34,15 @@ def _mean(x: torch.Tensor) -> float | None:
 
 
 def head_diagnostics(head, rollouts: Sequence, rule=None) -> dict[str, float | None]:
-    """The head's w on every drafted position of ``rollouts`` (trainer rollouts or sampler traces) and:
+    """The head's w on every drafted position of ``rollouts`` (trainer rollouts or sampler results) and:
 
     mean and spread of w; corr(w, TV); mean w where argmax p = argmax q and where not; the expected acceptance
     mean(1 - w TV) beside that of a static head with the same mean w; with a token-class or cascade ``rule``, the
     AUC of w for the rule's exact positions and mean w on each side."""
-    h_draft = torch.cat([r.h_draft for r in rollouts])
-    h_target = torch.cat([r.h_target for r in rollouts])
-    tv = torch.cat([r.tv for r in rollouts]).double()
+    trace = rollouts_trace(rollouts)
+    tv = trace.tv.double()
     with torch.no_grad():
-        w = position_weights(head, h_draft, h_target, rollout_features(rollouts)).double()
+        w = position_weights(head, trace.h_draft, trace.h_target, trace.distribution_features()).double()
     out: dict[str, float | None] = {
         "positions": int(w.numel()),
         "mean_w": _mean(w),
@@ -52,23 +51,22 @@ def head_diagnostics(head, rollouts: Sequence, rule=None) -> dict[str, float | N
         "expected_acceptance": _mean(1 - w * tv),
         "expected_acceptance_static_same_mean_w": _mean(1 - w.mean() * tv),
     }
-    if all(getattr(r, "top_p", None) is not None for r in rollouts):
-        agree = torch.cat([r.top_p == r.top_q for r in rollouts])
+    agree = trace.top_p == trace.top_q
+    out.update(
+        share_agree=_mean(agree.double()),
+        mean_w_where_agree=_mean(w[agree]),
+        mean_w_where_disagree=_mean(w[~agree]),
+        mean_tv_where_agree=_mean(tv[agree]),
+        mean_tv_where_disagree=_mean(tv[~agree]),
+    )
+    if rule is not None:
+        exact = rule_weights(rule, rollouts) > 0.5
         out.update(
-            share_agree=_mean(agree.double()),
-            mean_w_where_agree=_mean(w[agree]),
-            mean_w_where_disagree=_mean(w[~agree]),
-            mean_tv_where_agree=_mean(tv[agree]),
-            mean_tv_where_disagree=_mean(tv[~agree]),
+            share_rule_exact=_mean(exact.double()),
+            auc_w_for_rule=roc_auc(w, exact),
+            mean_w_where_rule_exact=_mean(w[exact]),
+            mean_w_elsewhere=_mean(w[~exact]),
         )
-        if rule is not None:
-            exact = rule_weights(rule, rollouts) > 0.5
-            out.update(
-                share_rule_exact=_mean(exact.double()),
-                auc_w_for_rule=roc_auc(w, exact),
-                mean_w_where_rule_exact=_mean(w[exact]),
-                mean_w_elsewhere=_mean(w[~exact]),
-            )
     return out
 
 
@@ -94,13 +92,14 @@ def reward_push(
     for rollouts, rewards in steps:
         advantages = reinforce_pp_advantages(rewards.double().view(-1, 1))
         for r, a in zip(rollouts, advantages.tolist(), strict=True):
-            nu = (r.w_old * r.p_y + (1 - r.w_old) * r.q_y).double().clamp_min(torch.finfo(torch.float32).tiny)
-            push = a * (r.p_y.double() - r.q_y.double()) / nu
+            t = r.trace
+            nu = (t.w * t.p_y + (1 - t.w) * t.q_y).double().clamp_min(torch.finfo(torch.float32).tiny)
+            push = a * (t.p_y.double() - t.q_y.double()) / nu
             exact = rule_weights(rule, [r]) > 0.5
             masks = (exact, ~exact)
             sums.append([float(push[m].sum()) for m in masks])
             counts.append([float(m.sum()) for m in masks])
-            tvs.append([float(r.tv.double()[m].sum()) for m in masks])
+            tvs.append([float(t.tv.double()[m].sum()) for m in masks])
     sums_t, counts_t, tvs_t = (torch.tensor(x, dtype=torch.float64).view(-1, 2) for x in (sums, counts, tvs))
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(len(sums_t), (resamples, len(sums_t)), generator=generator)

@@ -17,13 +17,14 @@ from typing import Any
 import torch
 
 from ..evaluation.weights import weights_record
+from ..generation.trace import Trace
 from ..modeling.hub import push_head_folder, write_custom_generate
 from ..modeling.model_card import render_head_card, weights_sentence
 from ..modeling.modeling_diversed_head import DiversedHead, position_weights
 from .curves import CURVES_FILE, plot_learning_curves
 from .diversed_config import DiversedTrainerConfig
 from .objective import diversed_policy_loss, mixture_prob, reinforce_pp_advantages
-from .rollout import Rollout, collect_rollouts, rollout_features
+from .rollout import Rollout, collect_rollouts
 
 __all__ = ["DiversedTrainer", "DiversedTrainerConfig"]
 
@@ -360,16 +361,11 @@ class DiversedTrainer:
         task_rewards = self._rewards(expanded_rows, rollouts)
 
         lengths = [r.num_tokens for r in rollouts]
-        h_d = torch.cat([r.h_draft for r in rollouts], 0)
-        h_t = torch.cat([r.h_target for r in rollouts], 0)
-        p_y = torch.cat([r.p_y for r in rollouts], 0)
-        q_y = torch.cat([r.q_y for r in rollouts], 0)
-        tv = torch.cat([r.tv for r in rollouts], 0)
-        w_old = torch.cat([r.w_old for r in rollouts], 0)
+        trace = Trace.cat([r.trace for r in rollouts])  # w: the drawing head's, w_old
+        h_d, h_t, p_y, q_y, tv, w_old = trace.h_draft, trace.h_target, trace.p_y, trace.q_y, trace.tv, trace.w
         device = self.accelerator.device
         h_d, h_t, p_y, q_y, tv, w_old = (x.to(device) for x in (h_d, h_t, p_y, q_y, tv, w_old))
-        features = rollout_features(rollouts)
-        features = None if features is None else features.to(device)
+        features = trace.distribution_features().to(device)
 
         with torch.no_grad():
             w_ref = position_weights(self.ref_head.to(device), h_d, h_t, features)

@@ -9,47 +9,38 @@ import torch
 
 from ..generation.batched import SamplerConfig, SampleRequest, sample_batched
 from ..generation.stats import DiversedStats
+from ..generation.trace import Trace
 from ..modeling.modeling_diversed_head import DiversedHead
 
-__all__ = ["Rollout", "collect_rollout", "collect_rollouts", "load_rollouts", "rollout_features", "rule_weights"]
+__all__ = [
+    "Rollout",
+    "collect_rollout",
+    "collect_rollouts",
+    "load_rollouts",
+    "rollout_features",
+    "rollouts_trace",
+    "rule_weights",
+]
 
 
 @dataclass
 class Rollout:
-    """One DIVERSED generation and, per emitted *drafted* position t (accepted drafts and correction tokens;
-    bonus tokens are not included, their law is p whatever the head), the head's inputs and the quantities
-    that define the head's policy nu_t(y) = w_t p_t(y) + (1 - w_t) q_t(y) at the emitted token y_t.
-
-    Shapes: ``completion_ids`` (L,), ``h_draft`` (T, D_draft), ``h_target`` (T, D_target), ``p_y``, ``q_y``,
-    ``tv``, ``w_old`` (T,), float32; ``top_p``, ``top_q`` (T,) both models' most likely tokens, int64; ``max_p``,
-    ``max_q`` (T,) their probabilities, float32; on CPU.
-    ``finish_reason``: "eos" (the sequence ended on its own) or "length" (cut at ``max_new_tokens``).
+    """One DIVERSED generation: its completion ``completion_ids`` (L,), its statistics, why it stopped
+    (``finish_reason``: "eos", it ended on its own, or "length", cut at ``max_new_tokens``), and its
+    :class:`~hf_diversed.generation.trace.Trace`: per emitted drafted position t the head's inputs and the
+    quantities that define the head's policy nu_t(y) = w_t p_t(y) + (1 - w_t) q_t(y) at the emitted token y_t
+    (``trace.w`` is the drawing head's w, the trainer's w_old).
     """
 
     completion_ids: torch.Tensor
-    h_draft: torch.Tensor
-    h_target: torch.Tensor
-    p_y: torch.Tensor
-    q_y: torch.Tensor
-    tv: torch.Tensor
-    w_old: torch.Tensor
+    trace: Trace
     stats: DiversedStats
-    top_p: torch.Tensor | None = None
-    top_q: torch.Tensor | None = None
     finish_reason: str | None = None
-    max_p: torch.Tensor | None = None
-    max_q: torch.Tensor | None = None
-
-    def distribution_features(self) -> torch.Tensor | None:
-        """(T, 3) = [max p_t, max q_t, TV(p_t, q_t)], a head's ``distribution_features`` at these positions (None
-        for rollouts drawn before they were recorded)."""
-        if self.max_p is None or self.max_q is None:
-            return None
-        return torch.stack([self.max_p, self.max_q, self.tv], dim=-1)
 
     @property
     def num_tokens(self) -> int:
-        return int(self.p_y.shape[0])
+        """Traced positions T."""
+        return self.trace.num_positions
 
     @property
     def cut(self) -> bool:
@@ -76,7 +67,7 @@ def collect_rollout(
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
     input_ids = input_ids.to(target.device)
-    trace: list[dict] = []
+    traces: list[Trace] = []
     do_sample = temperature > 0
     kwargs = dict(
         max_new_tokens=max_new_tokens,
@@ -92,33 +83,16 @@ def collect_rollout(
         kwargs["pad_token_id"] = eos[0] if isinstance(eos, list) else eos
     kwargs.update(generate_kwargs)
     with torch.no_grad():
-        out = target.generate(input_ids, assistant_model=draft, diversed_head=head, _diversed_trace=trace, **kwargs)
+        out = target.generate(input_ids, assistant_model=draft, diversed_head=head, _diversed_trace=traces, **kwargs)
     completion = out.sequences[0, input_ids.shape[1] :].detach().cpu()
     eos = kwargs.get("eos_token_id", target.generation_config.eos_token_id)
     eos = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
     ended = completion.numel() > 0 and int(completion[-1]) in eos
-    dt, dd = head.config.target_hidden_size, head.config.draft_hidden_size
-
-    def cat(key: str, width: int | None = None) -> torch.Tensor:
-        parts = [entry[key] for entry in trace]
-        if parts:
-            return torch.cat(parts, 0)
-        return torch.zeros((0, width) if width is not None else (0,), dtype=torch.float32)
-
     return Rollout(
         completion_ids=completion,
-        h_draft=cat("h_draft", dd),
-        h_target=cat("h_target", dt),
-        p_y=cat("p_y"),
-        q_y=cat("q_y"),
-        tv=cat("tv"),
-        w_old=cat("w"),
+        trace=Trace.cat(traces, head.config.draft_hidden_size, head.config.target_hidden_size),
         stats=out.diversed_stats,
-        top_p=torch.cat([e["top_p"] for e in trace]) if trace else torch.zeros(0, dtype=torch.long),
-        top_q=torch.cat([e["top_q"] for e in trace]) if trace else torch.zeros(0, dtype=torch.long),
         finish_reason="eos" if ended else "length",
-        max_p=cat("max_p"),
-        max_q=cat("max_q"),
     )
 
 
@@ -174,22 +148,7 @@ def collect_rollouts(
     out: list[Rollout | None] = [None] * len(requests)
     with torch.no_grad():
         for result in sample_batched(target, draft, requests, config, batch_size=batch_size, return_trace=True):
-            trace = result.trace
-            out[result.index] = Rollout(
-                completion_ids=result.completion_ids,
-                h_draft=trace.h_draft,
-                h_target=trace.h_target,
-                p_y=trace.p_y,
-                q_y=trace.q_y,
-                tv=trace.tv,
-                w_old=trace.w,
-                stats=result.stats,
-                top_p=trace.top_p,
-                top_q=trace.top_q,
-                finish_reason=result.finish_reason,
-                max_p=trace.max_p,
-                max_q=trace.max_q,
-            )
+            out[result.index] = Rollout(result.completion_ids, result.trace, result.stats, result.finish_reason)
     return out
 
 
@@ -197,41 +156,37 @@ def load_rollouts(path) -> list[Rollout]:
     """Rollouts saved with ``torch.save``: a list of them, or ``training/lr_sweep.py``'s blocks of (rows, rollouts,
     age). The file is unpickled: load only files you wrote."""
     data = torch.load(path, weights_only=False)
-    if data and isinstance(data[0], tuple):
-        return [r for _, batch, _ in data for r in batch]
-    return list(data)
+    rollouts = [r for _, batch, _ in data for r in batch] if data and isinstance(data[0], tuple) else list(data)
+    if any("trace" not in vars(r) for r in rollouts):  # pickled before rollouts held a Trace (no tokens, no verdicts)
+        raise ValueError(
+            f"{path} holds rollouts drawn by an earlier hf-diversed, without per-position tokens and verdicts; draw "
+            "them again with this version (training/lr_sweep.py with a new --rollouts_cache)."
+        )
+    return rollouts
 
 
-def rollout_features(rollouts: Sequence[Rollout]) -> torch.Tensor | None:
-    """Every position's distribution features, (sum T, 3) in rollout order; None if a rollout lacks them."""
-    parts = [r.distribution_features() for r in rollouts]
-    if any(part is None for part in parts):
-        return None
-    return torch.cat(parts, 0) if parts else torch.zeros(0, 3)
+def rollouts_trace(rollouts: Sequence) -> Trace:
+    """Every traced position of ``rollouts`` (or of the sampler's results: anything holding a ``trace``), in
+    order, as one :class:`Trace`."""
+    return Trace.cat([r.trace for r in rollouts])
 
 
-def rule_weights(rule, rollouts: Sequence[Rollout]) -> torch.Tensor:
+def rollout_features(rollouts: Sequence) -> torch.Tensor:
+    """Every position's distribution features [max p, max q, TV], (sum T, 3) in rollout order."""
+    return rollouts_trace(rollouts).distribution_features() if rollouts else torch.zeros(0, 3)
+
+
+def rule_weights(rule, rollouts: Sequence) -> torch.Tensor:
     """A hand-made rule's w at every position of ``rollouts`` (sum T,), from what they record: a token-class
     rule's from both models' most likely tokens, a speculative cascade's delta from max p, max q and TV."""
     from ..generation.verification import SpecCascade, TokenClassEnsemble
 
-    if isinstance(rule, TokenClassEnsemble):
-        fields, what = ("top_p", "top_q"), "most-likely tokens (top_p/top_q)"
-    elif isinstance(rule, SpecCascade):
-        fields, what = ("max_p", "max_q"), "most-likely token probabilities (max_p/max_q)"
-    else:
+    if not isinstance(rule, (TokenClassEnsemble, SpecCascade)):
         raise ValueError(
             f"Cannot evaluate {rule.spec()!r} on recorded rollouts: its w is not a function of what they record. "
             "Use a token-class rule (token-class:digits:0) or a cascade (cascade-opt:0.1)."
         )
-    missing = [i for i, r in enumerate(rollouts) if any(getattr(r, f, None) is None for f in fields)]
-    if missing:
-        raise ValueError(
-            f"rollouts {missing[:5]} carry no {what}; draw them again with this version "
-            "(training/lr_sweep.py with a new --rollouts_cache)."
-        )
+    trace = rollouts_trace(rollouts)
     if isinstance(rule, TokenClassEnsemble):
-        parts = [rule.weights_from_top(r.top_p, r.top_q) for r in rollouts]
-    else:
-        parts = [rule.weights_from_stats(r.max_p, r.max_q, r.tv) for r in rollouts]
-    return torch.cat(parts) if parts else torch.zeros(0)
+        return rule.weights_from_top(trace.top_p, trace.top_q)
+    return rule.weights_from_stats(trace.max_p, trace.max_q, trace.tv)

@@ -27,15 +27,10 @@ Programmatic use::
 One module per stage: ``config`` (options, methods, output files, errors), ``plan`` (record keys, the plan,
 the results file), ``runner`` (the models, the sampler and the timed loop), ``costs`` (per-token costs, speed
 models), ``frontier`` (a method against the static sweep and a baseline), ``runs`` (the run log), ``summary``
-(pooled rows, intervals), ``report`` (summary.json, results.md, plots), ``cli``.
+(pooled rows, intervals), ``report`` (summary.json, results.md, plots); the command line is
+:mod:`hf_diversed.cli.bench`.
 """
 
-from .cli import (
-    add_arguments,
-    config_from_args,
-    main,
-    run,
-)
 from .config import (
     COSTS_FILE,
     DEFAULT_TASKS,
@@ -108,19 +103,15 @@ __all__ = [
     "BenchConfig",
     "BenchError",
     "BenchMethod",
-    "add_arguments",
     "analytic_speedup",
     "bootstrap_interval",
     "compare_to_baseline",
     "compare_to_frontier",
-    "config_from_args",
     "expand_methods",
     "load_records",
     "load_runs",
-    "main",
     "measure_costs",
     "record_key",
-    "run",
     "run_bench",
     "summarize",
     "summarize_records",

@@ -1,6 +1,7 @@
 """``hf-diversed bench``: Spec-Bench-style speed / acceptance / quality benchmark of decoding methods.
 
-The command line (``hf-diversed bench``, ``python -m hf_diversed.evaluation.bench``) over :func:`run_bench`."""
+The command line (``hf-diversed bench``) over :func:`hf_diversed.evaluation.bench.run_bench`: its options, the
+:class:`~hf_diversed.evaluation.bench.BenchConfig` they build, and the exit codes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import (
+from ..evaluation.bench import (
     DEFAULT_TASKS,
     LORA_METHOD,
     MARKDOWN_FILE,
@@ -19,16 +20,16 @@ from .config import (
     SUMMARY_FILE,
     BenchConfig,
     BenchError,
-    _split_list,
     expand_methods,
+    run_bench,
 )
-from .runner import run_bench
+from ..evaluation.bench.config import _split_list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand's options to ``parser``."""
-    from ..real_models import DRAFT_NAME, TARGET_NAME
-    from ..weights import WEIGHTS, WEIGHTS_HELP
+    from ..evaluation.real_models import DRAFT_NAME, TARGET_NAME
+    from ..evaluation.weights import WEIGHTS, WEIGHTS_HELP
 
     parser.description = __doc__.split("\n\n")[0] if __doc__ else None
     add = parser.add_argument
@@ -120,7 +121,7 @@ def read_ids(path: str) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``hf-diversed bench`` from parsed arguments; return the exit code."""
-    from ..real_models import RealModelError
+    from ..evaluation.real_models import RealModelError
 
     try:
         config = config_from_args(args)
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hf_diversed.evaluation.bench [options]`` (same as ``hf-diversed bench [options]``)."""
+    """``hf-diversed bench [options]`` with ``argv`` the options (``sys.argv[1:]`` by default)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = add_arguments(argparse.ArgumentParser(prog="hf-diversed bench")).parse_args(argv)
     args.command_line = shlex.join(["hf-diversed", "bench", *argv])
