@@ -34,6 +34,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
 DEVICE = torch.device(os.environ.get("HF_DIVERSED_TEST_DEVICE", "cpu"))
 torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 on the accelerator too
 
