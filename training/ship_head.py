@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     # which weights it trained on: the run's own record, else (runs before it was recorded) the GGUF copies that the
     # built-in names load
     weights = head_config.get("training_weights") or {
-        role: {k: v for k, v in provenance(SPECS[m]).items() if k != "wheels"} if m in SPECS else None
+        role: provenance(SPECS[m], wheels=False) if m in SPECS else None
         for role, m in (("target", config.target), ("draft", config.draft))
     }
 

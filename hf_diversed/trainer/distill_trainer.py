@@ -194,10 +194,15 @@ def _load_missing(config: DraftDistillConfig, target, draft, tokenizer):
 
     from ..evaluation.weights import locate_model
 
+    sources = {}
+
+    def locate(name: str):
+        if name not in sources:  # located (and announced) once per model
+            sources[name] = locate_model(name, config.weights)
+        return sources[name]
+
     def load(name: str):
-        source = locate_model(name, config.weights)
-        if source.substituted:
-            print(f"[hf-diversed] weights: {source.line}", flush=True)
+        source = locate(name)
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype).eval()
         if source.substituted:  # a GGUF copy in a local cache: the adapter's base is still the Hub model
             model.config.name_or_path = model.name_or_path = source.provenance["hub_id"]  # PEFT reads this attribute
@@ -205,7 +210,7 @@ def _load_missing(config: DraftDistillConfig, target, draft, tokenizer):
 
     dtype = getattr(torch, config.dtype)
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(locate_model(config.target, config.weights, progress=False).path)
+        tokenizer = AutoTokenizer.from_pretrained(locate(config.target).path)
     if target is None:
         target = load(config.target)
     if draft is None:
