@@ -119,6 +119,16 @@ def _load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
+def _gpu(vllm_python: str) -> dict:
+    """On a GPU: its name, CUDA's version and vLLM's (from vLLM's own environment); nothing on a CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    done = subprocess.run([vllm_python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True)
+    return {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "vllm": done.stdout.strip() or None}
+
+
 def _cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else the platform's processor string."""
     import platform
@@ -132,7 +142,7 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-MACHINE_KEYS = ("cpu", "cpu_capability", "dtype", "threads", "torch", "compiled", "omp_bind")
+MACHINE_KEYS = ("cpu", "cpu_capability", "dtype", "threads", "torch", "compiled", "omp_bind", "gpu", "vllm")
 OMP_BIND = "0"  # phases recorded before --omp-bind existed ran with it
 
 
@@ -273,7 +283,7 @@ def report(out: Path) -> str:
             f"{p['tokens_per_s']:.2f} | {ratio} | "
             f"{acceptance} | {mean_w} | {quality} | {100 * cut:.0f}% |"
         )
-    machines = sorted({(p.get("cpu", "-"), p.get("cpu_capability"), p.get("dtype"), p.get("threads"),
+    machines = sorted({(p.get("gpu") or p.get("cpu", "-"), p.get("cpu_capability"), p.get("dtype"), p.get("threads"),
                         p.get("omp_bind", OMP_BIND)) for p in phases})  # fmt: skip
     lines.append("")
     lines.append("In flight: the mean number of requests in flight over the phase (the sum of the requests' times, "
@@ -283,7 +293,7 @@ def report(out: Path) -> str:
         "Sitting: the phases timed in one boot of the machine, numbered in order ('-': recorded before "
         "sittings were); × target alone pairs a phase with the target alone of its own sitting."
     )
-    lines.append(f"Machines (CPU, capability, dtype, cores, the worker's cores as VLLM_CPU_OMP_THREADS_BIND): "
+    lines.append(f"Machines (GPU or CPU, capability, dtype, cores, the worker's cores as VLLM_CPU_OMP_THREADS_BIND): "
                  f"{machines}.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -305,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the cores of vLLM's model worker (VLLM_CPU_OMP_THREADS_BIND): 0 runs it on core 0 and "
                              "leaves the others to the engine loop and the server, as vLLM's 'auto' reserves one; "
                              "e.g. 0-1 for two cores")  # fmt: skip
+    parser.add_argument("--target", default=None, help="the target's Hub id or folder (default: the GGUF copies)")
+    parser.add_argument("--draft", default=None, help="the draft's Hub id or folder (with --target)")
+    parser.add_argument("--weights", default=None, choices=["auto", "hub", "gguf"], help="see docs/models.md")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="docs/vllm/bench")
     parser.add_argument(
@@ -324,14 +337,19 @@ def main(argv: list[str] | None = None) -> int:
         from hf_diversed.evaluation.tasks import get_task
         from hf_diversed.modeling.dtypes import cpu_capability, resolve_dtype
 
-        dtype = resolve_dtype(args.dtype)
+        dtype = "bfloat16" if torch.cuda.is_available() and args.dtype == "auto" else resolve_dtype(args.dtype)
         machine = {"cpu": _cpu_model(), "cpu_capability": cpu_capability(), "dtype": dtype,
                    "threads": os.cpu_count(), "torch": torch.__version__, "compiled": args.compile,
-                   "omp_bind": args.omp_bind, "sitting": _sitting()}  # fmt: skip
+                   "omp_bind": args.omp_bind, "sitting": _sitting(), **_gpu(args.vllm_python)}  # fmt: skip
         check_same_machine(_load(out / "phases.jsonl"), machine, out)
         from hf_diversed.modeling.pretrained import seed_pretrained_heads
 
-        target, draft = ensure_pair()
+        if args.target is None:
+            target, draft = ensure_pair()
+        else:
+            from hf_diversed.evaluation.weights import resolve_model
+
+            target, draft = (resolve_model(name, args.weights) for name in (args.target, args.draft))
         seed_pretrained_heads()  # "diversed" requests name the bundled heads by Hub id; the server finds them here
         tokenizer = AutoTokenizer.from_pretrained(target)
         data = {}

@@ -7,6 +7,7 @@ generate's draws.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import torch
@@ -75,3 +76,28 @@ def chi2_pvalue(a: Counter, b: Counter) -> float:
         stat += (ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb
     dof = max(len(cells) - 1, 1)
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
+
+
+# Per-draw laws (the vLLM tests): each check fails by chance with probability ALPHA.
+ALPHA = 1e-4
+Z = 3.719  # standard normal quantile at 1 - ALPHA
+
+
+def chi_square_quantile(df: int) -> float:
+    """Wilson-Hilferty: the (1 - ALPHA) quantile of chi-square with ``df`` degrees of freedom."""
+    return df * (1 - 2 / (9 * df) + Z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def wald_statistic(tokens: list[int], laws: torch.Tensor) -> tuple[float, int]:
+    """(statistic, degrees of freedom) of the counts of ``tokens`` against the sum of the per-draw ``laws`` (n, V)."""
+    laws = laws.double()
+    counts = torch.bincount(torch.tensor(tokens), minlength=laws.shape[1]).double()
+    expected = laws.sum(0)
+    keep = expected >= 5
+    # pool the rare categories into one, then drop one category (the counts sum to n)
+    pooled = torch.cat([laws[:, keep], laws[:, ~keep].sum(1, keepdim=True)], 1)
+    observed = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    mean = pooled.sum(0)
+    cov = torch.diag(mean) - pooled.T @ pooled
+    d, s = (observed - mean)[:-1], cov[:-1, :-1]
+    return float(d @ torch.linalg.solve(s, d)), int(d.numel())

@@ -160,10 +160,12 @@ def test_public_paths_of_the_readme():
     assert DiversedTrainerConfig.__module__ == "hf_diversed.trainer.diversed_config"
 
 
-def test_only_the_vllm_compat_module_imports_vllm():
-    """Every touch of vLLM's internals sits in ``integrations/vllm/_compat.py`` (pinned to a tested range)."""
+def test_only_the_vllm_compat_modules_import_vllm():
+    """Every touch of vLLM's internals sits in ``integrations/vllm/_compat.py`` (pinned to a tested range) and its
+    sibling for Model Runner V2, ``_mrv2.py`` (installed by ``_compat`` inside the same version check)."""
+    compat = {PACKAGE / "integrations" / "vllm" / name for name in ("_compat.py", "_mrv2.py")}
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path == PACKAGE / "integrations" / "vllm" / "_compat.py":
+        if path in compat:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []

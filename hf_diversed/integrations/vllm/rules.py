@@ -115,3 +115,29 @@ def exact_targets(
             t[start : start + n] = rule.exact_target(p_i, q_i, w)[0]
         start += n
     return t
+
+
+def exact_targets_by_row(
+    rules: Sequence[VerificationRule],
+    rule_of_row: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    head_weights: Sequence[torch.Tensor | None] | None = None,
+) -> torch.Tensor:
+    """Per row, the law t that exact verification must use: ``rules[k].exact_target`` where ``rule_of_row == k``,
+    ``p`` itself where it is -1 (exact SD, and the rows that are not drafted positions).
+
+    The same laws as :func:`exact_targets`, laid out for an engine that knows each row's rule on the device but not
+    how many rows each request has (vLLM's Model Runner V2): each rule's t is computed over every row and kept on its
+    own rows, so nothing waits for the device. ``p``, ``q`` are ``(num_rows, V)``; ``head_weights[k]`` is the
+    ``(num_rows,)`` w of rule k's head (DIVERSED), else None.
+    """
+    t = p
+    head_weights = head_weights if head_weights is not None else [None] * len(rules)
+    for k, (rule, head_w) in enumerate(zip(rules, head_weights, strict=True)):
+        if is_exact(rule):
+            continue
+        p_k, q_k = p.unsqueeze(0), q.unsqueeze(0)  # (1, rows, V): the rules' (batch, position) layout
+        w = rule.weights(p_k, q_k, None if head_w is None else head_w.view(1, -1)).to(p.dtype)
+        t = torch.where((rule_of_row == k).unsqueeze(-1), rule.exact_target(p_k, q_k, w)[0], t)
+    return t
