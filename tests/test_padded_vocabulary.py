@@ -16,6 +16,8 @@ padding, as Qwen2.5-7B's 152,064 ids against Qwen2.5-0.5B's 151,936). No argumen
   and TV(p, q) as well as the hidden states, so its w too is computed over the padded law.
 - q padded with logit 0 instead of -inf (torch's default pad value: q then has mass on ids the draft never
   proposes) breaks the greedy identity in every engine and the sampler's static-ensemble law.
+- The trainer's rollouts (generate's and the sampler's agree) trace a target-only token with q(y) = 0, and it
+  trains; a head repository's standalone ``custom_generate`` recipe decodes as hf-diversed does.
 - A draft with more ids than the target, or with fewer ids than the call's tokenizer, is refused in one line.
 
 False failures: every statistical comparison is a chi-square test at level ALPHA = 2e-6 (cells expecting, or
@@ -44,6 +46,7 @@ from hf_diversed.generation import batched, decoding, static_loop
 from hf_diversed.generation.batched import SamplerConfig, SampleRequest, sample_batched
 from hf_diversed.generation.verification import VerificationRule
 from hf_diversed.modeling.draft_vocabulary import pad_draft_logits
+from hf_diversed.modeling.hub import write_custom_generate
 from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
 from hf_diversed.trainer.rollout import collect_rollout, collect_rollouts, rollouts_trace
 
@@ -178,6 +181,29 @@ def test_repetition_penalty_reads_the_context_as_generate_does(greedy_pair):
                 target, draft, [SampleRequest(ids, rule, head=head if rule == "diversed" else None)], config
             )
             _same(expected, (result.completion_ids, result.stats), f"repetition penalty, {rule}")
+
+
+def test_the_custom_generate_recipe_decodes_as_hf_diversed(greedy_pair, tmp_path):
+    """The standalone recipe a head repository ships: greedy tokens, and sampled ones under the same seed, equal."""
+    target, draft, _, head = greedy_pair
+    head.save_pretrained(tmp_path)
+    write_custom_generate(tmp_path, str(tmp_path))
+    target_only = 0
+    for i, ids in enumerate(_prompts(3)):
+        for kwargs in (dict(do_sample=False), dict(do_sample=True)):
+            torch.manual_seed(300 + i)
+            ours = target.generate(
+                ids, assistant_model=draft, diversed_head=head, max_new_tokens=24, num_assistant_tokens=3,
+                num_assistant_tokens_schedule="constant", **kwargs,
+            )  # fmt: skip
+            torch.manual_seed(300 + i)
+            recipe = target.generate(
+                ids, assistant_model=draft, custom_generate=str(tmp_path), trust_remote_code=True, max_new_tokens=24,
+                num_assistant_tokens=3, **kwargs,
+            )  # fmt: skip
+            assert torch.equal(recipe, ours), (i, kwargs)
+            target_only += int((ours[0, ids.shape[1] :] >= DRAFT_VOCAB).sum())
+    assert target_only >= 3
 
 
 def test_the_trainer_draws_its_rollouts_and_trains_on_a_padded_pair(greedy_pair, tmp_path):
