@@ -305,3 +305,27 @@ def test_windowed_static_layer_matches_transformers_static_cache():
         logits = run(_compat.windowed_static_cache(model.config, 64), window_for)
         torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
         assert max(windows) <= 64 and (smallest == 64 or min(windows) < 64), windows
+
+
+def test_padded_pair_validation_is_scoped_to_a_diversed_call():
+    """transformers reads a draft with fewer ids as another tokenizer; inside a DIVERSED call on such a pair (and only
+    there) ``_validate_generation_mode`` runs without the draft, after hf_diversed's own ``check_pair``."""
+    sigs = _compat.private_signatures()
+    params = ["self", "generation_mode", "generation_config", "generation_mode_kwargs"]
+    assert list(sigs["_validate_generation_mode"].parameters) == params
+    gm = transformers.GenerationMixin
+    assert gm._validate_generation_mode is _compat.original_validate_generation_mode
+    target = build_tiny("llama", hidden=32, layers=1, seed=0)
+    draft = build_tiny("llama", hidden=32, layers=1, seed=1)
+    target.resize_token_embeddings(target.config.vocab_size + 16, mean_resizing=False)
+    ids = prompts(1)[0]
+    with pytest.raises(ValueError, match="different tokenizers"):  # a plain assisted call: transformers' own check
+        target.generate(ids, assistant_model=draft, max_new_tokens=2)
+    seen = []
+    hook = target.register_forward_pre_hook(lambda *_: seen.append(gm._validate_generation_mode))
+    try:
+        target.generate(ids, assistant_model=draft, diversed_verifier="exact", max_new_tokens=2)
+    finally:
+        hook.remove()
+    assert seen and seen[0] is _compat.padded_pair_validation.replacement
+    assert gm._validate_generation_mode is _compat.original_validate_generation_mode

@@ -824,3 +824,24 @@ def test_beside_vllms_transformers_the_generate_hook_names_the_version_it_needs(
     with pytest.raises(ImportError, match=f"supports transformers >={low},<{high}"):
         target.generate(prompts(1)[0], assistant_model=draft, diversed_verifier="static:0.5", max_new_tokens=4)
     assert target.generate(prompts(1)[0], max_new_tokens=4).shape[1] == prompts(1)[0].shape[1] + 4
+
+
+def test_vllm_refuses_a_padded_pair_with_probabilistic_drafts(tmp_path):
+    """A draft with fewer ids than the target (one tokenizer, the target's extra rows padding), which hf-diversed's
+    own engines run, reaches vLLM 0.32's draft-model method only with greedy drafts (``use_heterogeneous_vocab``),
+    where the relaxed rules cannot run. The day this fails, the plugin can pad q with zeros in ``rejection_sample``
+    and test the laws on such a pair (docs/vllm.md, "A padded pair")."""
+    from vllm import LLM
+
+    tokenizer = chat_tokenizer(TEXTS)
+    target, draft = _tiny(tokenizer, 1), _tiny(tokenizer, 1, noise=0.4)
+    target.resize_token_embeddings(len(tokenizer) + 64, mean_resizing=False)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    refusals = [({}, "should have the same vocabulary size"),
+                ({"use_heterogeneous_vocab": True}, "only supports greedy draft sampling")]  # fmt: skip
+    for extra, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            LLM(model=str(tmp_path / "target"), dtype="float32", enforce_eager=True, max_model_len=256,
+                speculative_config={**speculative_config(tmp_path / "draft"), **extra})  # fmt: skip

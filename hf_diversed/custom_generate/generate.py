@@ -29,6 +29,10 @@ and verification targets the mixture ``nu_t = w_t * p_t + (1 - w_t) * q_t``. Per
 - Greedy (``do_sample=False``): the draft proposes ``argmax q_t``; it is accepted iff it equals
   ``argmax nu_t``; the first rejected position emits ``argmax nu_t``; the bonus is ``argmax p_{N+1}``.
 
+A draft with fewer ids than the target, its vocabulary a prefix of the target's (one tokenizer, the target's extra
+rows padding, e.g. Qwen2.5-0.5B for Qwen2.5-7B), works as it is: ``q_t`` is 0 on the ids only the target has, so
+the residual keeps ``p_t``'s mass there, and the draft reads such an id in its context as its own last id.
+
 These are the rules of hf-diversed's ``Diversed`` verifier, with the same random draws in the same order, so
 with a fixed ``num_assistant_tokens`` the tokens equal those of ``target.generate(..., diversed_head=...)``
 with hf-diversed (greedy, and sampling under the same seed). Differences: the draft length is fixed (default
@@ -578,6 +582,8 @@ def _draft(
     ids = input_ids.to(runner.model.device)
     if n <= 0:
         return ids[:, :0], None, None
+    if settings["draft_vocab_size"] is not None:  # a padded pair: a target-only id is read as the draft's last id
+        ids = ids.clamp(max=settings["draft_vocab_size"] - 1)
     runner.crop_to(ids.shape[1] - 2)  # from the 2nd round on: re-feed the last two tokens, as transformers does
     tokens, scores, hidden = [], [], []
     eos = settings["eos"].to(ids.device)
@@ -629,13 +635,16 @@ def _decode(
             target_logits[:, i] = settings["processors"](candidate_ids[:, : cur_len + i], target_logits[:, i])
         # 3. Verify against nu = w p + (1 - w) q, with w from the head on (draft, target) hidden states.
         if gamma > 0:
-            if draft_scores.shape[-1] != target_logits.shape[-1]:
+            extra = target_logits.shape[-1] - draft_scores.shape[-1]
+            if extra < 0:
                 raise ValueError(
-                    f"The draft's vocabulary ({draft_scores.shape[-1]}) differs from the target's "
+                    f"The draft's vocabulary ({draft_scores.shape[-1]}) is larger than the target's "
                     f"({target_logits.shape[-1]}); DIVERSED needs a draft that shares the target's tokenizer."
                 )
             params_device = head.params["out.weight"].device
             draft_scores = draft_scores.to(device=target_logits.device, dtype=torch.float32)
+            # a padded pair: q over the target's vocabulary, 0 on the ids only the target has
+            draft_scores = torch.nn.functional.pad(draft_scores, (0, extra), value=float("-inf"))
             laws = ()
             if head.use_distribution_features:
                 laws = (target_logits[:, :gamma].float().softmax(-1).to(params_device),
@@ -723,13 +732,15 @@ def generate(
         raise ValueError("DIVERSED custom_generate supports decoder-only (causal LM) target and draft models.")
     t_vocab = model.config.get_text_config().vocab_size
     d_vocab = assistant_model.config.get_text_config().vocab_size
-    if t_vocab != d_vocab:
+    if d_vocab > t_vocab:
         raise ValueError(
             f"The target has vocab_size={t_vocab} and the draft {d_vocab}: DIVERSED mixes the two distributions "
-            "over one vocabulary. Use a draft that shares the target's tokenizer."
+            "over the target's vocabulary, which must hold the draft's (one tokenizer; the draft may have fewer ids, "
+            "the target's extra rows being padding). Use a draft that shares the target's tokenizer."
         )
     input_ids, has_mask = _prompt(inputs, kwargs, model)
     settings = _settings(model, assistant_model, generation_config, kwargs, input_ids.shape[1])
+    settings["draft_vocab_size"] = d_vocab if d_vocab < t_vocab else None
     pad = settings["pad_token_id"]
     if not has_mask and pad is not None and bool((input_ids == pad).any()):
         raise _unsupported(

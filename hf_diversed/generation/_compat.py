@@ -13,6 +13,10 @@ What is patched, and when:
   original loop) and ``transformers.integrations.sdpa_attention.use_gqa_in_sdpa`` answers True for CPU tensors
   (``grouped_attention_on_cpu``). Both are restored when the last such call returns, so code that never passes
   the DIVERSED arguments runs, traces and compiles exactly as without hf_diversed.
+- While a DIVERSED ``generate`` on a padded pair runs (a draft with fewer ids than the target, one tokenizer), and
+  only then, ``GenerationMixin._validate_generation_mode`` validates that call without its draft: transformers
+  reads differing vocabulary sizes as two tokenizers and asks for universal assisted decoding, which hf_diversed
+  refuses; ``check_pair`` has checked the pair instead (``padded_pair_validation``).
 
 Not patches: ``apply_draft_warpers_once`` edits one ``AssistedCandidateGenerator``'s private generation
 config so that hf_diversed's loop samples the draft with the user's sampling warpers applied once, and
@@ -79,6 +83,8 @@ __all__ = [
     "install",
     "original_assisted_decoding",
     "original_generate",
+    "original_validate_generation_mode",
+    "padded_pair_validation",
     "prepare_attention_mask",
     "prepare_position_ids",
     "prepare_token_type_ids",
@@ -104,6 +110,7 @@ original_generate: Callable[..., Any] = getattr(
 original_assisted_decoding: Callable[..., Any] = GenerationMixin._assisted_decoding
 
 original_use_gqa_in_sdpa: Callable[..., bool] = sdpa_attention.use_gqa_in_sdpa
+original_validate_generation_mode: Callable[..., Any] = GenerationMixin._validate_generation_mode
 
 # Settings of the DIVERSED generate call in progress (None outside one).
 active_settings: contextvars.ContextVar[Any] = contextvars.ContextVar("hf_diversed_settings", default=None)
@@ -241,6 +248,17 @@ def _use_gqa_in_sdpa(attention_mask, key, value) -> bool:
 
 
 grouped_attention_patch = ScopedPatch(sdpa_attention, "use_gqa_in_sdpa", _use_gqa_in_sdpa)
+
+
+def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
+    # Installed only inside a DIVERSED call on a padded pair, which check_pair accepted; another thread's plain call
+    # (no DIVERSED settings in its context) keeps transformers' check.
+    if active_settings.get() is not None:
+        generation_mode_kwargs = {k: v for k, v in generation_mode_kwargs.items() if k != "assistant_model"}
+    return original_validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs)
+
+
+padded_pair_validation = ScopedPatch(GenerationMixin, "_validate_generation_mode", _validate_generation_mode)
 _assisted_decoding_patch: ScopedPatch | None = None  # set by install()
 
 
@@ -276,13 +294,16 @@ def install(generate_hook: Callable[..., Any], decoding_loop: Callable[..., Any]
 
 
 @contextlib.contextmanager
-def diversed_call(settings: Any):
-    """The scope of one DIVERSED ``generate``: its settings, hf_diversed's assisted loop and grouped attention."""
+def diversed_call(settings: Any, padded_pair: bool = False):
+    """The scope of one DIVERSED ``generate``: its settings, hf_diversed's assisted loop and grouped attention; with
+    ``padded_pair`` (a draft with fewer ids than the target, checked by ``check_pair``), transformers' validation
+    of the call without its draft's vocabulary size."""
     if _assisted_decoding_patch is None:
         raise RuntimeError("hf_diversed's generate hook is not installed: `import hf_diversed` first.")
     token = active_settings.set(settings)
     try:
-        with _assisted_decoding_patch, grouped_attention_on_cpu():
+        validation = padded_pair_validation if padded_pair else contextlib.nullcontext()
+        with _assisted_decoding_patch, grouped_attention_on_cpu(), validation:
             yield
     finally:
         active_settings.reset(token)
@@ -592,6 +613,7 @@ def private_signatures() -> dict[str, inspect.Signature]:
         "_prepare_generation_config": inspect.signature(GenerationMixin._prepare_generation_config),
         "_prepare_special_tokens": inspect.signature(GenerationMixin._prepare_special_tokens),
         "_get_logits_processor": inspect.signature(GenerationMixin._get_logits_processor),
+        "_validate_generation_mode": inspect.signature(original_validate_generation_mode),
         "use_gqa_in_sdpa": inspect.signature(original_use_gqa_in_sdpa),
         "StaticLayer.update": inspect.signature(StaticLayer.update),
         "StaticLayer.get_mask_sizes": inspect.signature(StaticLayer.get_mask_sizes),

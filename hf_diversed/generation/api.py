@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..modeling.draft_vocabulary import apply_draft_vocabulary
+from ..modeling.draft_vocabulary import apply_draft_vocabulary, padded_draft_vocab_size
 from ..modeling.hub import load_head
 from ..modeling.modeling_diversed_head import DiversedHead
 from . import _compat
@@ -88,7 +88,7 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     num_beams = extra.get("num_beams", getattr(bound.get("generation_config"), "num_beams", None))
     if num_beams is not None and num_beams > 1:
         raise ValueError(f"Speculative decoding runs one beam; got num_beams={num_beams}. Drop `num_beams`.")
-    check_pair(model, draft, None)
+    check_pair(model, draft, None, tokenizer=extra.get("tokenizer"))
     head = _resolve_head(head_arg, model) if head_arg is not None else None
     check_pair(model, draft, head)
     num_tokens, schedule = _user_draft_length(bound)
@@ -96,7 +96,8 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     settings = DecodingSettings(
         rule=rule, head=head, num_assistant_tokens=num_tokens, num_assistant_tokens_schedule=schedule, trace=trace
     )
-    with torch.no_grad(), _compat.diversed_call(settings):
+    padded = padded_draft_vocab_size(model, draft) is not None
+    with torch.no_grad(), _compat.diversed_call(settings, padded_pair=padded):
         output = original_generate(model, *args, **kwargs)
     if not settings.entered:
         raise RuntimeError(

@@ -37,7 +37,12 @@ from typing import Any
 import torch
 
 from ..modeling.distances import total_variation
-from ..modeling.draft_vocabulary import apply_draft_vocabulary
+from ..modeling.draft_vocabulary import (
+    apply_draft_vocabulary,
+    draft_input_ids,
+    pad_draft_logits,
+    padded_draft_vocab_size,
+)
 from ..modeling.modeling_diversed_head import (
     DiversedHead,
     distribution_features,
@@ -196,12 +201,15 @@ def _uniforms(rows: list[_Row]) -> torch.Tensor:
 
 
 class _Model:
-    """One model of the pair over the batch: its cache, and one-token forwards that also read the LM-head input."""
+    """One model of the pair over the batch: its cache, and one-token forwards that also read the LM-head input.
+    ``vocab_size`` (a padded pair's draft): the ids it is fed are read as ``draft_vocabulary.draft_input_ids`` maps
+    them."""
 
-    def __init__(self, model, name: str, device: torch.device):
+    def __init__(self, model, name: str, device: torch.device, vocab_size: int | None = None):
         self.model = model
         self.name = name
         self.device = device  # where the sampler keeps logits and hidden states: the target's device
+        self.vocab_size = vocab_size
         self.recorder = LastHiddenStateRecorder(model)
         self.cache = None
         self.keep = _compat.supports_logits_to_keep(model)
@@ -209,6 +217,7 @@ class _Model:
     def _run(self, **inputs) -> tuple[Any, torch.Tensor, torch.Tensor]:
         # generate allows a draft on another device than the target's; so does the sampler
         inputs = {name: x.to(self.model.device) if isinstance(x, torch.Tensor) else x for name, x in inputs.items()}
+        inputs["input_ids"] = draft_input_ids(inputs["input_ids"], self.vocab_size)
         if self.keep:
             inputs["logits_to_keep"] = 1
         with self.recorder:
@@ -256,7 +265,7 @@ class _Sampler:
         self.return_trace = return_trace
         self.device = target.device
         self.target = _Model(target, "the target", self.device)
-        self.draft = _Model(draft, "the draft", self.device)
+        self.draft = _Model(draft, "the draft", self.device, padded_draft_vocab_size(target, draft))
         processors, gen_config = _compat.generation_logits_processors(target, **config.generate_kwargs())
         names = [type(p).__name__ for p in processors]
         unsupported = [n for n in names if n not in _ROW_LOCAL_PROCESSORS]
@@ -376,7 +385,8 @@ class _Sampler:
 
     # ------------------------------------------------------------------ one position of every row
 
-    def _processed(self, logits: torch.Tensor) -> torch.Tensor:
+    def _processed(self, logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+        """The processors applied to ``logits``; ``vocab_size``: the rows' contexts as a padded draft reads them."""
         if len(self.processors) == 0:
             return logits.float()
         if self.needs_context:
@@ -384,6 +394,7 @@ class _Sampler:
             ids = torch.tensor(
                 [[r.context[-1]] * (width - len(r.context)) + r.context for r in self.rows], device=logits.device
             )  # left-filled with a token of the row itself, so the fill changes no penalty
+            ids = draft_input_ids(ids, vocab_size)
         else:
             ids = torch.zeros(len(self.rows), 1, dtype=torch.long, device=logits.device)
         return self.processors(ids, logits.clone()).float()
@@ -413,7 +424,8 @@ class _Sampler:
         position (k = N_r): y ~ p (greedy: argmax p)."""
         target_logits, draft_logits, h_target, h_draft = self.pending
         z_p = self._processed(target_logits)
-        z_q = self._processed(draft_logits)
+        # a padded pair's q over the target's vocabulary (0 on the target-only ids), as generate's loop reads it
+        z_q = pad_draft_logits(self._processed(draft_logits, self.draft.vocab_size), z_p.shape[-1])
         p, q = z_p.softmax(-1), z_q.softmax(-1)
         rows = self.rows
         drafted = [i for i, r in enumerate(rows) if r.k < r.round_n]

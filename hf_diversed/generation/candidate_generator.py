@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..modeling.draft_vocabulary import draft_input_ids
 from ._compat import (
     AssistedCandidateGenerator,
     CandidateGenerator,
@@ -54,7 +55,8 @@ class DiversedCandidateGenerator(CandidateGenerator):
     change: the draft samples from the target's logits processors (sampling warpers included) applied once to
     its logits, where transformers' drafter applies the warpers twice (see ``_compat.apply_draft_warpers_once``).
     ``num_assistant_tokens`` / ``num_assistant_tokens_schedule``, when given, override the draft model's
-    generation config for this call.
+    generation config for this call. ``draft_vocab_size`` (a padded pair's V_draft): the draft reads the
+    target-only ids of its context as ``draft_vocabulary.draft_input_ids`` maps them.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
         num_assistant_tokens: int | None = None,
         num_assistant_tokens_schedule: str | None = None,
         record_hidden_states: bool = True,
+        draft_vocab_size: int | None = None,
     ):
         self.drafter = AssistedCandidateGenerator(
             input_ids=input_ids,
@@ -86,6 +89,7 @@ class DiversedCandidateGenerator(CandidateGenerator):
             self.drafter.assistant_generation_config.num_assistant_tokens_schedule = num_assistant_tokens_schedule
         self.recorder = LastHiddenStateRecorder(assistant_model) if record_hidden_states else None
         self.draft_hidden_states: torch.Tensor | None = None
+        self.draft_vocab_size = draft_vocab_size
 
     @property
     def assistant_model(self) -> nn.Module:
@@ -100,6 +104,13 @@ class DiversedCandidateGenerator(CandidateGenerator):
         return self.drafter.assistant_generation_config.num_assistant_tokens_schedule
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        if self.draft_vocab_size is not None:  # the draft drafts after its reading of the context
+            candidate_ids, candidate_logits = self._get_candidates(draft_input_ids(input_ids, self.draft_vocab_size))
+            drafted = candidate_ids[:, input_ids.shape[1] :].to(input_ids.device)
+            return torch.cat([input_ids, drafted], dim=1), candidate_logits
+        return self._get_candidates(input_ids)
+
+    def _get_candidates(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor | None]:
         if self.recorder is None:
             return self.drafter.get_candidates(input_ids)
         with self.recorder:

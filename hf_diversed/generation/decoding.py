@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..modeling.draft_vocabulary import pad_draft_logits, padded_draft_vocab_size
 from ..modeling.modeling_diversed_head import (
     DiversedHead,
     distribution_features,
@@ -142,6 +143,7 @@ def assisted_decoding(
         num_assistant_tokens=settings.num_assistant_tokens,
         num_assistant_tokens_schedule=settings.num_assistant_tokens_schedule,
         record_hidden_states=settings.head is not None,
+        draft_vocab_size=padded_draft_vocab_size(model, assistant_model),
     )
     target_recorder = LastHiddenStateRecorder(model) if settings.head is not None else None
     stats = settings.stats
@@ -198,7 +200,11 @@ def assisted_decoding(
         draft_tokens = candidate_input_ids[:, cur_len:]
         if candidate_logits is None:  # nothing drafted (length budget): the rule reduces to sampling p
             candidate_logits = new_logits[:, :0]
-        candidate_logits = candidate_logits.to(device=new_logits.device, dtype=torch.float32)
+        # a padded pair's q over the target's vocabulary (0 on the target-only ids): the rule, the head's features
+        # and the trace all read it
+        candidate_logits = pad_draft_logits(
+            candidate_logits.to(device=new_logits.device, dtype=torch.float32), new_logits.shape[-1]
+        )
         head_weight = new_logits.new_ones(input_ids.shape[0], 0) if settings.head is not None else None
         if settings.head is not None and candidate_length > 0:
             h_target = target_recorder.states[-1][0, -candidate_length - 1 : -1]  # (gamma, D_target): batch size 1

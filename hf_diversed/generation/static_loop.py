@@ -42,6 +42,7 @@ import logging
 import torch
 import torch._dynamo
 
+from ..modeling.draft_vocabulary import draft_input_ids, pad_draft_logits, padded_draft_vocab_size
 from ..modeling.modeling_diversed_head import distribution_features, position_weights, reads_distribution_features
 from . import _compat
 from .checks import CONTEXT_FREE_PROCESSORS
@@ -117,17 +118,22 @@ def _check(model, draft, settings: DecodingSettings, generation_config, logits_p
 
 
 class _Stepper:
-    """One model on its static cache: forwards (eager or compiled) and rollback by position."""
+    """One model on its static cache: forwards (eager or compiled) and rollback by position. ``vocab_size`` (a
+    padded pair's draft): the ids it is fed are read as ``draft_vocabulary.draft_input_ids`` maps them."""
 
-    def __init__(self, model, max_cache_len: int, compile_config, compiled: bool, hidden: bool):
+    def __init__(
+        self, model, max_cache_len: int, compile_config, compiled: bool, hidden: bool, vocab_size: int | None = None
+    ):
         self.model = model
         self.cache = _compat.static_cache(model, max_cache_len)
         self.compiled = compiled_forward(model, compile_config) if compiled else None
         self.hidden = hidden
+        self.vocab_size = vocab_size
         self.window: int | None = None
 
     def prefill(self, input_ids: torch.Tensor) -> None:
         kwargs = {"logits_to_keep": 1} if _compat.supports_logits_to_keep(self.model) else {}
+        input_ids = draft_input_ids(input_ids, self.vocab_size)
         self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
 
     def __call__(self, input_ids: torch.Tensor, eager: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -135,7 +141,7 @@ class _Stepper:
         buffers (a CUDA-graph replay overwrites its outputs)."""
         call = self.model.__call__ if eager or self.compiled is None else self.compiled
         # one layout for every call: Dynamo guards on strides, and a (1, 1) slice of a longer row has other strides
-        input_ids = input_ids.clone(memory_format=torch.contiguous_format)
+        input_ids = draft_input_ids(input_ids, self.vocab_size).clone(memory_format=torch.contiguous_format)
         out = call(input_ids=input_ids, past_key_values=self.cache, use_cache=True, output_hidden_states=self.hidden)
         logits = out.logits.to(torch.float32, copy=True)
         return logits, (out.hidden_states[-1].clone() if self.hidden else None)
@@ -224,7 +230,9 @@ def static_assisted_decoding(
     # transformers' max_cache_len sizes the cache for the longest call to come, so later calls reuse its graphs
     cache_len = max(max_length, generation_config.max_cache_len or 0) + n + 1
     target = _Stepper(model, cache_len, generation_config.compile_config, compiled, hidden)
-    drafter = _Stepper(draft, cache_len, generation_config.compile_config, compiled, hidden)
+    drafter = _Stepper(
+        draft, cache_len, generation_config.compile_config, compiled, hidden, padded_draft_vocab_size(model, draft)
+    )
     eos = getattr(generation_config, "_eos_token_tensor", None)
     if eos is not None:
         eos = eos.to(input_ids.device).view(-1)
@@ -267,6 +275,7 @@ def static_assisted_decoding(
         p_scores = _process(logits_processor, input_ids, logits[0, : n_round + 1].to(input_ids.device)).unsqueeze(0)
         draft_tokens = block[:, 1 : n_round + 1]
         q_scores = torch.stack(q_rows, dim=1) if drafts else p_scores[:, :0]
+        q_scores = pad_draft_logits(q_scores, p_scores.shape[-1])  # a padded pair's q: 0 on the target-only ids
         head_weight = None
         if head is not None:
             head_weight = p_scores.new_ones(1, 0)

@@ -261,6 +261,51 @@ def note_head_draft_vocabulary(head, current: str | None) -> None:
         )
 
 
+# ------------------------------------------------------------------------------------------------ padded pairs
+# A draft whose vocabulary is a prefix of the target's: one tokenizer, and the target's extra embedding rows are
+# padding (Qwen2.5 7B and up have 152,064 ids, 0.5B-3B 151,936; Gemma 3 4B and up 262,208, 1B 262,144). The draft
+# never proposes a target-only id, so its law over the target's vocabulary is
+#
+#     q_pad(x) = q(x)  for x < V_draft,   q_pad(x) = 0  for V_draft <= x < V_target,
+#
+# and every rule reads q_pad where it reads q: exact SD still outputs p over all V_target ids (the residual
+# norm(max(0, p - q_pad)) carries p's mass on the target-only ids), the mixtures mix p with q_pad, and the head's
+# features (max p, max q, TV) are those of p and q_pad.
+
+
+def padded_draft_vocab_size(target, draft) -> int | None:
+    """The draft's vocabulary size V_draft when it is a strict prefix of the target's (a padded pair), else None.
+
+    Only the sizes are compared: that the draft's ids mean the target's tokens (one tokenizer) is the caller's
+    promise; ``generation.checks.check_pair`` refuses a draft whose vocabulary is larger than the target's."""
+    target_vocab = target.config.get_text_config().vocab_size
+    draft_vocab = draft.config.get_text_config().vocab_size
+    return draft_vocab if draft_vocab < target_vocab else None
+
+
+def pad_draft_logits(draft_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The draft's logits (..., V_draft) over the target's vocabulary (..., ``vocab_size``): -inf on the
+    target-only ids, so their softmax is q_pad. Unchanged when the widths already agree."""
+    extra = vocab_size - draft_logits.shape[-1]
+    if extra == 0:
+        return draft_logits
+    if extra < 0:
+        raise ValueError(
+            f"The draft scores {draft_logits.shape[-1]} ids and the target {vocab_size}: a draft may only propose "
+            "ids of the target's vocabulary. Use a draft that shares the target's tokenizer."
+        )
+    return torch.nn.functional.pad(draft_logits, (0, extra), value=float("-inf"))
+
+
+def draft_input_ids(input_ids: torch.Tensor, draft_vocab_size: int | None) -> torch.Tensor:
+    """``input_ids`` as the draft reads them: a target-only id (>= V_draft, which only the target can emit) becomes
+    V_draft - 1, a row the draft can embed (in Qwen2.5's padded pairs itself padding). The draft's q is whatever it
+    computes from its context, so the verification stays exact; ``None`` (one vocabulary) changes nothing."""
+    if draft_vocab_size is None:
+        return input_ids
+    return input_ids.clamp(max=draft_vocab_size - 1)
+
+
 # ------------------------------------------------------------------------------------------------ internals
 
 

@@ -265,10 +265,12 @@ def distill_draft(config: DraftDistillConfig, target=None, draft=None, tokenizer
     from .diversed_trainer import _fingerprint
 
     target, draft, tokenizer = _load_missing(config, target, draft, tokenizer)
-    if target.config.get_text_config().vocab_size != draft.config.get_text_config().vocab_size:
+    t_vocab, d_vocab = target.config.get_text_config().vocab_size, draft.config.get_text_config().vocab_size
+    if t_vocab != d_vocab:
         raise ValueError(
-            "target and draft vocabularies differ; distillation (and speculative decoding) needs a draft that "
-            "shares the target's tokenizer."
+            f"target and draft vocabulary sizes differ ({t_vocab} and {d_vocab}); the distillation compares the two "
+            "laws id by id over one vocabulary size: distil a draft with the target's (speculative decoding itself "
+            "also runs a draft whose vocabulary is a padded prefix of the target's)."
         )
     dataset = build_distill_dataset(config.task, config.train_split, config.max_train_examples, config.data_dir)
     target_grad = [p.requires_grad for p in target.parameters()]
