@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import heads as heads_command
     from . import models as models_cli
     from . import trim_draft
+    from . import tune as tune_cli
 
     parser = argparse.ArgumentParser(prog="hf-diversed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["bench"].set_defaults(func=bench_cli.run)
     trim = trim_draft.add_arguments(sub.add_parser("trim-draft", help="save a draft with a trimmed vocabulary"))
     trim.set_defaults(func=trim_draft.run)
+    tune = tune_cli.add_arguments(sub.add_parser("tune", help="pick the fastest rule within a quality budget"))
+    tune.set_defaults(func=tune_cli.run)
     return parser
 
 

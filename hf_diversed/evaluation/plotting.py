@@ -8,9 +8,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from .bench.frontier import fitted_frontier
+from .bench.frontier import fitted_frontier, method_label
 
-__all__ = ["plot_quality_frontiers", "plot_quality_speed"]
+__all__ = ["plot_quality_frontiers", "plot_quality_speed", "plot_tune_choice"]
 
 _MARKERS = ("s", "D", "^", "v", "P", "X")
 _X_LABELS = {
@@ -163,4 +163,28 @@ def plot_quality_frontiers(
     first = rows[0]
     for ax, x in zip(axes, xs, strict=True):
         _draw_panel(ax, rows, x, f"{first['task']}, T={first['temperature']:g}")
+    return _save(fig, path)
+
+
+def plot_tune_choice(rows: Sequence[dict], path: str | os.PathLike, *, chosen: str, max_drop: float) -> Path | None:
+    """``hf-diversed tune``'s calibration: quality against acceptance (the sweep, the fitted frontier, every rule
+    with its interval, as :func:`plot_quality_speed` draws them) with the chosen rule ringed and the budget's level
+    (the target's quality − ``max_drop``) dotted. None when no row has a quality."""
+    rows = [r for r in rows if r["method"] != "ar"]
+    if not any(_ok(r.get("quality")) for r in rows):
+        return None
+    fig, (ax,) = _figure(1)
+    first = rows[0]
+    _draw_panel(ax, rows, "acceptance_rate", f"{first['task']}, T={first['temperature']:g}: tune")
+    exact = next((r for r in rows if r["method"] == "exact" and _ok(r.get("quality"))), None)
+    if exact is not None:
+        ax.axhline(exact["quality"] - max_drop, color="red", linestyle=":", linewidth=1,
+                   label=f"target − {max_drop:g} (budget, read on paired intervals)")  # fmt: skip
+    pick = next((r for r in rows if method_label(r) == chosen), None)
+    if pick is not None and _ok(pick.get("acceptance_rate")) and _ok(pick.get("quality")):
+        ax.plot([pick["acceptance_rate"]], [pick["quality"]], marker="o", markersize=14, markerfacecolor="none",
+                markeredgecolor="red", linestyle="none", label=f"chosen: {point_label(pick)}")  # fmt: skip
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _save(fig, path)

@@ -192,7 +192,8 @@ class BenchConfig:
     ``diversed``, side by side in one sampler batch; ``temperatures`` and ``num_assistant_tokens`` are
     tuples (each value is a separate setting). The first ``timed_examples`` examples (``ar_examples`` for the
     target alone, default the same) are also timed with the real loop; ``dtype="auto"`` resolves to bf16 where
-    the CPU has fast bf16, else float32.
+    the CPU has fast bf16, else float32. ``first_example``: generate only rows ``first_example..num_examples-1``
+    (each keeps its index and seed in the whole split, so a held-out range's records are those of a full run).
     """
 
     target: str = "qwen2.5-coder-1.5b-instruct"
@@ -207,6 +208,7 @@ class BenchConfig:
     temperatures: tuple[float, ...] = (1.0,)
     max_new_tokens: int = 128
     num_examples: int = 20
+    first_example: int = 0
     ar_examples: int | None = None
     timed_examples: int = 10
     batch_size: int = 32
@@ -304,6 +306,10 @@ class BenchConfig:
             raise BenchError(
                 f"--timed-examples must be between 0 and --num-examples ({self.num_examples}); "
                 f"got {self.timed_examples!r}."
+            )
+        if not isinstance(self.first_example, int) or not 0 <= self.first_example < self.num_examples:
+            raise BenchError(
+                f"the first row must lie before --num-examples ({self.num_examples}); got {self.first_example!r}."
             )
         if self.ar_examples is None:
             self.ar_examples = self.timed_examples

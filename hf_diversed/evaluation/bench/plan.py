@@ -155,14 +155,14 @@ def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[P
     """Every generation of the run, in order.
 
     The timed loop's examples outermost so machine drift hits all methods alike; every example through the
-    sampler."""
+    sampler (from ``config.first_example`` on)."""
     methods = [BenchMethod(label) for label in config.methods]
     head_ids = config.head_ids  # method diversed runs once per head (one record set each)
     variants = {m.label: head_ids if m.label == "diversed" else (None,) for m in methods}
     plan = []
     for task_name in config.tasks:
         for temperature in config.temperatures:
-            for index in range(len(rows[task_name])):
+            for index in range(config.first_example, len(rows[task_name])):
                 for method in methods:
                     if index >= (config.ar_examples if method.label == "ar" else config.timed_examples):
                         continue
@@ -172,7 +172,7 @@ def plan_generations(config: BenchConfig, rows: dict[str, list[dict]]) -> list[P
     for task_name in config.tasks:
         for temperature in config.temperatures:
             for n in config.num_assistant_tokens:
-                for index in range(len(rows[task_name])):
+                for index in range(config.first_example, len(rows[task_name])):
                     for method in methods:
                         if method.has_stats:
                             for head in variants[method.label]:

@@ -31,7 +31,8 @@ Generated code (MBPP, HumanEval) is executed only through :func:`hf_diversed.eva
 
 One module per task family: ``math`` (GSM8K), ``code`` (MBPP, HumanEval; generated code runs in the
 sandbox), ``summarization`` (CNN/DM, XSum); ``base`` holds the :class:`Task` record and what the families share;
-``sources`` says where rows come from.
+``sources`` says where rows come from; ``jsonl`` builds a user's task from a JSON Lines file and a reward
+(:func:`jsonl_task`), which :func:`register_task` adds to the registry beside the built-in ones.
 This module is the registry.
 """
 
@@ -58,6 +59,7 @@ from .code import (
     humaneval_pass_at_1,
     mbpp_pass_at_1,
 )
+from .jsonl import REWARDS, JsonlTask, jsonl_task
 from .math import GSM8K, GSM8K_HUB, extract_gsm8k_answer, gsm8k_exact_match, normalize_number
 from .sources import DATA_DIR_ENV, HUB_ONLY, DataNotFoundError, HubDataset, default_data_dir
 from .summarization import (
@@ -78,12 +80,14 @@ __all__ = [
     "DEFAULT_MAX_ARTICLE_WORDS",
     "GSM8K_HUB",
     "HUB_ONLY",
+    "REWARDS",
     "MBPP_HUB",
     "TASKS",
     "XSUM_HUB",
     "XSUM_MAX_SUMMARY_WORDS",
     "DataNotFoundError",
     "HubDataset",
+    "JsonlTask",
     "Message",
     "Task",
     "TaskError",
@@ -97,9 +101,11 @@ __all__ = [
     "get_task",
     "gsm8k_exact_match",
     "humaneval_pass_at_1",
+    "jsonl_task",
     "mbpp_pass_at_1",
     "normalize_number",
     "parse_split",
+    "register_task",
     "rouge2_f1",
     "select_ids",
     "truncate_words",
@@ -109,6 +115,15 @@ __all__ = [
 _REGISTRY: dict[str, Task] = {task.name: task for task in (GSM8K, MBPP, HUMANEVAL, CNNDM, XSUM)}
 
 TASKS: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def register_task(task: Task) -> Task:
+    """Add a user's task (e.g. :func:`jsonl_task`) under its name, replacing an earlier one of that name; a
+    built-in name is refused (:class:`TaskError`): the records name a task by its name alone."""
+    if task.name in TASKS:
+        raise TaskError(f"a user task cannot be called {task.name!r}, a built-in task's name; rename its file.")
+    _REGISTRY[task.name] = task
+    return task
 
 
 def get_task(name: str) -> Task:
