@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -64,7 +65,9 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["hf-diversed", *argv])  # what the records and reports name as the command
     try:
         return int(args.func(args) or 0)
     except user_errors() as err:
