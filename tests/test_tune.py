@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import chat_model, chat_tokenizer
+from transformers import AutoModelForCausalLM
 
 from hf_diversed.cli.main import main
 from hf_diversed.evaluation import bench, tune
@@ -212,3 +213,28 @@ def test_jsonl_rewards(tmp_path, monkeypatch):
     made, cols = task({"limit": 3}, "my_reward:length_ok")
     assert made.reward_columns == ("limit",) and made.metric_name == "length_ok"
     assert made.reward(None, ["abc"], **cols) == [1.0]
+
+
+def test_help_states_the_criterion(capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    assert "lower end of the 95% paired bootstrap interval" in " ".join(capsys.readouterr().out.split())
+
+
+def test_tune_sweeps_a_head_beside_the_rules(pair, tmp_path):
+    """A --head runs as its own point; chosen, it is named by diversed_head, held out beside exact SD."""
+    from hf_diversed import DiversedHead
+    from hf_diversed.evaluation.bench.config import _canonical_model
+
+    head_dir = tmp_path / "head"
+    target, draft = (AutoModelForCausalLM.from_pretrained(pair[name]) for name in ("target", "draft"))
+    DiversedHead.for_models(target, draft, head_hidden_size=8, init_weight=0.01).save_pretrained(head_dir)
+    out = tmp_path / "out"
+    argv = _argv(pair, out, "--head", str(head_dir), "--static", "0.5", "--cascade", "", "--token-class", "")
+    assert main([*argv, "--max-drop", "100"]) == 0  # every rule meets it: the head (w = 0.01) accepts the most
+    result = json.loads((out / tune.TUNE_FILE).read_text())
+    label = f"diversed@{_canonical_model(str(head_dir))}"
+    assert {p["method"] for p in result["calibration"]["points"]} == {"exact", "static:0.5", label}
+    assert result["rule"] == "diversed" and result["head"] == str(head_dir)
+    assert result["spec"] == {"diversed_head": str(head_dir)} and result["heldout"]["method"] == label
+    assert '"diversed_head"' in result["usage"]["vllm"]

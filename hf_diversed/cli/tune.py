@@ -23,13 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--task", required=True, help=f"a built-in task ({', '.join(TASKS)}) or a JSONL file of prompts "
                                       "(\"prompt\" or \"messages\" per line, with the reward's fields)")  # fmt: skip
-    add("--reward", default=None, help=f"a JSONL task's reward: {REWARDS} (fields: answer, answer, reference, "
-                                       "tests, any)")  # fmt: skip
+    add("--reward", default=None, help=f"a JSONL task's reward: {REWARDS} (reading the fields answer, answer, "
+                                       "reference, tests, every other)")  # fmt: skip
     add("--target", default=TARGET_NAME, help="target model: Hub id, local path or GGUF copy (default %(default)s)")
     add("--draft", default=DRAFT_NAME, help="draft model sharing the target's tokenizer (default %(default)s)")
     add("--weights", default=None, choices=WEIGHTS, help=WEIGHTS_HELP)
+    criterion = CRITERION.replace("%", "%%")
     add("--max-drop", type=float, default=1.0, metavar="POINTS",
-        help=f"quality budget in points (×100; ROUGE points): {CRITERION} (default %(default)s)")  # fmt: skip
+        help=f"quality budget in points (×100; ROUGE points): {criterion} (default %(default)s)")  # fmt: skip
     add("--split", default="test", help="the split both row ranges index (default %(default)s)")
     add("--calibration-rows", default="0:60", metavar="START:STOP", help="rows the sweep runs on (default %(default)s)")
     add("--heldout-rows", default="60:120", metavar="START:STOP", help="rows the choice is confirmed on "
