@@ -170,6 +170,8 @@ def test_tune_end_to_end_resume_and_records_from(pair, tmp_path, monkeypatch, ca
         ([{"answer": "1"}], ["--reward", "number"], 'line 1 has no "prompt" (a string) or "messages"'),
         ([{"prompt": "a", "answer": "1"}], ["--reward", "bleu"], "unknown --reward 'bleu'"),
         ([{"prompt": "a", "reference": "x"}], ["--reward", "rouge", "--heldout-rows", "0:5"], "overlap"),
+        ([{"prompt": "a", "answer": "1"}], ["--reward", "number", "--calibration-rows", "5:9", "--target", "none"],
+         "has 1 rows, none in --calibration-rows 5:9"),
     ],
 )  # fmt: skip
 def test_tune_user_errors_are_one_line(tmp_path, capsys, lines, extra, message):

@@ -277,6 +277,23 @@ def speed_command(config: TuneConfig, task, method: str, head: str | None, dtype
     return shlex.join(argv)
 
 
+def _check_rows(config: TuneConfig, task) -> None:
+    """Both row ranges start inside the split (a range may end past it: the rows there are used)."""
+    from .tasks import DataNotFoundError, TaskError
+
+    try:
+        available = len(task.load(config.split, config.data_dir))
+    except (DataNotFoundError, TaskError, ImportError) as err:
+        raise BenchError(str(err)) from None
+    for option, (start, stop) in (("--calibration-rows", config.calibration_rows),
+                                  ("--heldout-rows", config.heldout_rows)):  # fmt: skip
+        if start >= available:
+            raise BenchError(
+                f"{task.name}/{config.split} has {available} rows, none in {option} {start}:{stop}; pass a range "
+                "within them (row indices count from 0)."
+            )
+
+
 def _log(config: TuneConfig, message: str) -> None:
     if config.progress:
         print(f"[hf-diversed tune] {message}", file=sys.stderr, flush=True)
@@ -286,6 +303,7 @@ def run_tune(config: TuneConfig) -> dict:
     """Sweep on the calibration rows, choose (:func:`choose_rule`), confirm on the held-out rows; write
     ``tune.json`` and ``frontier.png`` into ``config.output_dir`` and return what ``tune.json`` holds."""
     task = resolve_task(config)
+    _check_rows(config, task)
     methods = sweep_methods(config, task)
     heads = tuple(config.heads)
     head_name = {_canonical_model(h): h for h in heads}
