@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bench import BenchConfig, BenchError, load_records, record_key, run_bench, summarize_records
+from .bench import RESULTS_FILE, BenchConfig, BenchError, load_records, record_key, run_bench, summarize_records
 from .bench.config import _canonical_model, _floats, _split_list
 from .bench.frontier import compare_to_frontier, fitted_frontier, method_label
 from .bench.plan import _Appender, _clean, plan_generations
@@ -162,8 +162,6 @@ def planned_keys(config: BenchConfig) -> set[tuple]:
 def import_records(sources, config: BenchConfig) -> int:
     """Copy into ``config``'s results file the records of ``sources`` that this run plans (same task, split, row,
     method, head, T, N, max_new_tokens, models, dtype and seed): they are not generated again. Returns how many."""
-    from .bench import RESULTS_FILE
-
     wanted = planned_keys(config)
     results = config.output_path / RESULTS_FILE
     have = {record_key(r) for r in load_records(results)}
@@ -185,16 +183,13 @@ def import_records(sources, config: BenchConfig) -> int:
 
 def _phase_rows(config: BenchConfig) -> list[dict]:
     """The summary rows of a phase's planned records (its folder may hold others)."""
-    from .bench import RESULTS_FILE
-
     keys = planned_keys(config)
     return summarize_records([r for r in load_records(config.output_path / RESULTS_FILE) if record_key(r) in keys])
 
 
 def _point(row: dict, max_drop: float | None = None) -> dict:
-    label = f"{row['method']}@{row['head']}" if row.get("head") else row["method"]
     point = {
-        "method": label,
+        "method": method_label(row),
         "n": row["n"],
         "acceptance": row.get("acceptance_rate"),
         "tokens_per_round": row.get("mean_accepted_per_round"),
@@ -321,7 +316,7 @@ def run_tune(config: TuneConfig) -> dict:
     _log(config, f"calibration: {choice['message']}")
 
     planned = planned_keys(calibration)
-    records = [r for r in load_records(calibration.output_path / "results.jsonl") if record_key(r) in planned]
+    records = [r for r in load_records(calibration.output_path / RESULTS_FILE) if record_key(r) in planned]
     frontier_rows = [r for r in rows if r["method"] == "exact" or r["method"].startswith("static:")]
     accs, fitted = fitted_frontier([(r["acceptance_rate"], r["quality"]) for r in frontier_rows])
     versus = None if method in ("exact",) or method.startswith("static:") else compare_to_frontier(
