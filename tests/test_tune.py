@@ -159,6 +159,19 @@ def test_tune_end_to_end_resume_and_records_from(pair, tmp_path, monkeypatch, ca
     copied = json.loads((again / tune.TUNE_FILE).read_text())
     assert copied["rule"] == result["rule"] and copied["calibration"]["points"] == points
 
+    # the same records with every relaxed rule failing the rows exact SD solves: no rule meets the budget, exact SD
+    # is the choice, and the run says so
+    edited = tmp_path / "edited.jsonl"
+    lines = [{**r, "quality": float(r["method"] == "exact")} for r in calibration + heldout]
+    edited.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    capsys.readouterr()
+    assert main(_argv(pair, tmp_path / "strict", "--records-from", str(edited))) == 0
+    printed = capsys.readouterr().out
+    strict = json.loads((tmp_path / "strict" / tune.TUNE_FILE).read_text())
+    assert strict["rule"] == "exact" and strict["fallback_to_exact"]
+    assert strict["spec"] == {"diversed_verifier": "exact"}
+    assert printed.startswith("chosen: exact (no rule meets the budget") and 'diversed_verifier="exact"' in printed
+
 
 @pytest.mark.parametrize(
     ("lines", "extra", "message"),
