@@ -12,7 +12,7 @@ import datasets
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
+from hf_diversed.trainer import DiversedConfig, DiversedTrainer
 
 torch.set_num_threads(1)
 
@@ -43,7 +43,7 @@ g = torch.Generator().manual_seed(0)
 rows = [{"input_ids": torch.randint(3, 128, (6,), generator=g).tolist()} for _ in range(16)]
 prompts = datasets.Dataset.from_list(rows)
 
-config = DiversedTrainerConfig(
+config = DiversedConfig(  # a transformers.TrainingArguments: report_to, save_steps, push_to_hub, ... work too
     task=None,
     num_prompts=4,
     max_new_tokens=16,
@@ -51,20 +51,22 @@ config = DiversedTrainerConfig(
     learning_rate=2e-2,
     warmup_steps=0,
     lr_scheduler_type="constant",
-    max_steps=15,
+    max_steps=60,  # optimizer updates: 15 rollout batches, 4 updates each (num_iterations)
     acceptance_coef=1.0,
     num_eval_prompts=8,
+    save_strategy="no",
     output_dir=tempfile.mkdtemp(prefix="diversed-head-"),
 )
 trainer = DiversedTrainer(
-    config,
     target,
     draft,
+    config,
     train_dataset=prompts,
     eval_dataset=prompts,
     reward_funcs=[lambda prompts, completions, **kw: [0.0] * len(completions)],
 )
 trainer.train()
+trainer.save_model()
 for name in ("untrained", "trained"):
     m = trainer.eval_metrics[name]
     print(f"{name:9s} head: acceptance {m['acceptance_rate']:.2f}, mean w {m['mean_w']:.2f}")

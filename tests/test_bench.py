@@ -755,7 +755,8 @@ def test_a_finished_run_and_its_table1_rows_make_the_shipped_card_and_the_paper_
         "--config", str(ROOT / "training" / "recipes" / "gsm8k.yaml"), "--target", str(setup["target"]),
         "--draft", str(setup["draft"]), "--dtype", "float32", "--max_train_prompts", "2", "--num_prompts", "2",
         "--max_steps", "1", "--warmup_steps", "0", "--max_new_tokens", "6", "--eval_split", "test[0:2]",
-        "--num_eval_prompts", "2", "--eval_steps", "1", "--save_steps", "0", "--report_to", "none",
+        "--num_eval_prompts", "2", "--eval_strategy", "steps", "--eval_steps", "1", "--eval_on_start", "true",
+        "--save_strategy", "no", "--report_to", "none",
         "--init_head", "cascade-opt:0.1", "--output_dir", "runs/head",
     ]  # fmt: skip
     assert train.main(train_args) == 0

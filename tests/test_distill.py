@@ -210,10 +210,10 @@ def test_cli_parses_distill_recipe_with_overrides(monkeypatch):
     assert (config.lora_alpha, config.learning_rate, config.max_length, config.lmbda) == (32, 2e-4, 512, 0.0)
     assert config.target_modules_list() == "all-linear"
     # the head mode is unchanged and still the default
-    from hf_diversed.trainer import DiversedTrainerConfig
+    from hf_diversed.trainer import DiversedConfig
 
     head = train.parse_config(["--config", str(ROOT / "training" / "recipes" / "gsm8k.yaml"), "--max_steps", "2"])
-    assert isinstance(head, DiversedTrainerConfig) and head.max_steps == 2
+    assert isinstance(head, DiversedConfig) and head.max_steps == 2
     assert "train" in sys.modules
 
 

@@ -149,7 +149,7 @@ def test_public_paths_of_the_readme():
     from hf_diversed.evaluation.tasks import get_task
     from hf_diversed.modeling.hub import push_head_folder, seed_hf_cache
     from hf_diversed.modeling.pretrained import export_head_repo
-    from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
+    from hf_diversed.trainer import DiversedConfig, DiversedTrainer
 
     assert all(
         callable(x)
@@ -157,7 +157,7 @@ def test_public_paths_of_the_readme():
     )
     assert get_task("gsm8k").name == "gsm8k"
     assert DiversedTrainer.__module__ == "hf_diversed.trainer.diversed_trainer"
-    assert DiversedTrainerConfig.__module__ == "hf_diversed.trainer.diversed_config"
+    assert DiversedConfig.__module__ == "hf_diversed.trainer.diversed_config"
 
 
 def test_only_the_vllm_compat_modules_import_vllm():

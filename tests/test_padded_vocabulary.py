@@ -47,7 +47,7 @@ from hf_diversed.generation.batched import SamplerConfig, SampleRequest, sample_
 from hf_diversed.generation.verification import VerificationRule
 from hf_diversed.modeling.draft_vocabulary import pad_draft_logits
 from hf_diversed.modeling.hub import write_custom_generate
-from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
+from hf_diversed.trainer import DiversedConfig, DiversedTrainer
 from hf_diversed.trainer.rollout import collect_rollout, collect_rollouts, rollouts_trace
 
 ALPHA = 2e-6
@@ -222,14 +222,16 @@ def test_the_trainer_draws_its_rollouts_and_trains_on_a_padded_pair(greedy_pair,
     def reward(prompts, completions, **kwargs):  # rewards the target-only tokens, which only the target emits
         return [float(sum(token >= DRAFT_VOCAB for token in completion)) for completion in completions]
 
-    config = DiversedTrainerConfig(
+    config = DiversedConfig(
         task="gsm8k", num_prompts=4, max_new_tokens=12, num_assistant_tokens=3, learning_rate=2e-2, warmup_steps=0,
-        lr_scheduler_type="constant", max_steps=2, ppo_epochs=2, output_dir=str(tmp_path), seed=0,
+        lr_scheduler_type="constant", max_steps=4, num_iterations=2, output_dir=str(tmp_path), seed=0,
+        save_strategy="no", disable_tqdm=True,
     )  # fmt: skip
     dataset = datasets.Dataset.from_list([{"input_ids": ids[0].tolist()} for ids in _prompts(4)])
-    trainer = DiversedTrainer(config, target, draft, train_dataset=dataset, reward_funcs=[reward])
+    trainer = DiversedTrainer(target, draft, config, train_dataset=dataset, reward_funcs=[reward])
     before = copy.deepcopy(trainer.ref_head.state_dict())
-    trained = trainer.train()
+    trainer.train()
+    trained = trainer.accelerator.unwrap_model(trainer.model)
     assert any(not torch.equal(before[k].cpu(), v.cpu()) for k, v in trained.state_dict().items())
 
 

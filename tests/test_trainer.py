@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from hf_diversed import DiversedHeadConfig
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead, position_weights
-from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig, diversed_policy_loss
+from hf_diversed.trainer import DiversedConfig, DiversedTrainer, diversed_policy_loss
 from hf_diversed.trainer.curves import CURVES_FILE, load_history
 from hf_diversed.trainer.imitation import fit_head_to_weights, roc_auc
 from hf_diversed.trainer.rollout import Rollout, collect_rollout, collect_rollouts, load_rollouts, rollouts_trace
@@ -37,7 +37,7 @@ def _dataset(n: int = 8, seed: int = 0) -> datasets.Dataset:
     return datasets.Dataset.from_list([{"input_ids": ids[0].tolist()} for ids in prompts(n, seed=seed)])
 
 
-def _config(tmp_path, **overrides) -> DiversedTrainerConfig:
+def _config(tmp_path, **overrides) -> DiversedConfig:
     values = dict(
         task="gsm8k",
         num_prompts=4,
@@ -46,13 +46,15 @@ def _config(tmp_path, **overrides) -> DiversedTrainerConfig:
         learning_rate=2e-2,
         warmup_steps=0,
         lr_scheduler_type="constant",
-        max_steps=4,
-        ppo_epochs=4,
+        max_steps=16,
+        num_iterations=4,
+        save_strategy="steps" if "save_steps" in overrides else "no",
         output_dir=str(tmp_path / "out"),
         seed=0,
+        disable_tqdm=True,
     )
     values.update(overrides)
-    return DiversedTrainerConfig(**values)
+    return DiversedConfig(**values)
 
 
 def _constant_reward(prompts, completions, **kwargs):
@@ -174,20 +176,33 @@ def test_collect_rollouts_match_collect_rollout_greedy(pair):
     assert second[1].completion_ids.tolist() == tokens[: tokens.index(early) + 1]
 
 
+def _trainer(pair, config, **kwargs) -> DiversedTrainer:
+    target, draft = pair
+    kwargs.setdefault("train_dataset", _dataset())
+    kwargs.setdefault("reward_funcs", [_trust_draft_reward(target, draft)])
+    return DiversedTrainer(target, draft, config, **kwargs)
+
+
+def _head(trainer: DiversedTrainer) -> DiversedHead:
+    return trainer.accelerator.unwrap_model(trainer.model)
+
+
+def _train_logs(trainer: DiversedTrainer) -> list[dict]:
+    """The Trainer's per-update training logs (its log_history, without the run's summary line)."""
+    return [e for e in trainer.state.log_history if "loss" in e]
+
+
 def test_reward_trusting_draft_lowers_w(pair, tmp_path):
     target, draft = pair
     before_t, before_d = _params(target), _params(draft)
-    config = _config(tmp_path, max_steps=25, num_eval_prompts=6, eval_steps=10)
-    trainer = DiversedTrainer(
-        config,
-        target,
-        draft,
-        train_dataset=_dataset(),
-        eval_dataset=_dataset(6, seed=1),
-        reward_funcs=[_trust_draft_reward(target, draft)],
+    config = _config(
+        tmp_path, max_steps=100, num_eval_prompts=6, eval_strategy="steps", eval_steps=40, eval_on_start=True
     )
+    trainer = _trainer(pair, config, eval_dataset=_dataset(6, seed=1))
     head0 = _params(trainer.ref_head)
-    head = trainer.train()
+    trainer.train()
+    trainer.save_model()
+    head = _head(trainer)
     assert not _same(_params(head), head0)
     assert _same(_params(target), before_t) and _same(_params(draft), before_d)
     assert all(not p.requires_grad for p in target.parameters())
@@ -195,128 +210,144 @@ def test_reward_trusting_draft_lowers_w(pair, tmp_path):
     assert trained["mean_w"] < untrained["mean_w"] - 0.1
     assert trained["acceptance_rate"] > untrained["acceptance_rate"]
     assert trained["reward"] > untrained["reward"]
-    # the learning curve: the untrained head at step 0 (reused as the final "untrained" row), every 10 steps, the end
+    # the learning curve: the untrained head at update 0 (reused as the final "untrained" row), every 40, the end
     out = Path(config.output_dir)
     evals = [h for h in load_history(out / "log_history.jsonl") if h["split"] == "eval"]
-    assert [h["step"] for h in evals] == [0, 10, 20, 25]
-    assert {k: evals[0][k] for k in untrained} == untrained == trainer.evaluate(trainer.ref_head)
+    assert [h["step"] for h in evals] == [0, 40, 80, 100]
+    assert {k: evals[0][k] for k in untrained} == untrained == trainer._evaluate_head(trainer.ref_head)
     assert {k: evals[-1][k] for k in trained} == trained
     assert (out / CURVES_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (Path(config.output_dir) / "model.safetensors").is_file()
-    card = (Path(config.output_dir) / "README.md").read_text()
-    assert "## Training" in card and "| learning_rate |" in card and "untrained" in card
+    assert (out / "model.safetensors").is_file()
+    card = (out / "README.md").read_text()
+    assert "## Training" in card and "| learning_rate |" in card and "| num_iterations | 4 |" in card
+    assert "untrained" in card and "| logging_dir |" not in card  # the method's settings, not every Trainer field
     assert not re.search(r"\{[a-z_]+\}", card), "an unfilled template field"
-    recipe = (Path(config.output_dir) / "custom_generate" / "generate.py").read_text()
-    assert f"HEAD_REPO_ID = {json.dumps(str(Path(config.output_dir).resolve()))}" in recipe
+    recipe = (out / "custom_generate" / "generate.py").read_text()
+    assert f"HEAD_REPO_ID = {json.dumps(str(out.resolve()))}" in recipe
 
 
-def test_acceptance_regularizer_alone_raises_acceptance(pair, tmp_path):
-    target, draft = pair
-    config = _config(tmp_path, max_steps=15, acceptance_coef=1.0, num_eval_prompts=6, report_to="tensorboard")
-    trainer = DiversedTrainer(
-        config,
-        target,
-        draft,
-        train_dataset=_dataset(),
-        eval_dataset=_dataset(6, seed=1),
-        reward_funcs=[_constant_reward],
+def test_acceptance_regularizer_alone_raises_acceptance_and_every_tracker_logs(pair, tmp_path, monkeypatch):
+    """``report_to`` is the Trainer's: TensorBoard and Weights & Biases (offline) both receive the run."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = _config(
+        tmp_path, max_steps=60, acceptance_coef=1.0, num_eval_prompts=6, report_to=["tensorboard", "wandb"]
     )
+    trainer = _trainer(pair, config, eval_dataset=_dataset(6, seed=1), reward_funcs=[_constant_reward])
     trainer.train()
-    first, last = trainer.history[0], trainer.history[-1]
-    assert last["mean_w"] < first["mean_w"]
+    logs = _train_logs(trainer)
+    assert logs[-1]["mean_w"] < logs[0]["mean_w"]
     trained, untrained = trainer.eval_metrics["trained"], trainer.eval_metrics["untrained"]
     assert trained["mean_w"] < untrained["mean_w"]
     assert trained["acceptance_rate"] > untrained["acceptance_rate"]
-    assert all(0.0 <= m["cut_fraction"] <= 1.0 for m in (trained, untrained, *trainer.history))
-    assert list((Path(config.output_dir) / "runs").glob("events.out.tfevents.*"))
+    assert all(0.0 <= m["cut_fraction"] <= 1.0 for m in (trained, untrained, *logs))
+    import wandb
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    wandb.finish()  # flush the offline run
+    events = list((Path(config.output_dir) / "runs").rglob("events.out.tfevents.*"))
+    scalars = {tag for e in events for tag in EventAccumulator(str(e)).Reload().Tags()["scalars"]}
+    assert {"train/mean_w", "train/acceptance_rate", "train/reward", "train/loss", "eval/mean_w"} <= scalars
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    record = runs[0].read_bytes()
+    assert all(key in record for key in (b"train/mean_w", b"train/acceptance_rate", b"eval/mean_w"))
 
 
 def test_resume_is_exact(pair, tmp_path):
-    target, draft = pair
+    """A run resumed from its checkpoint at update 8 takes the same updates 9-16 as the run that went on: the same
+    rollouts (redrawn from their seeds), logs and head."""
 
     def make(out):
         config = _config(
-            tmp_path / out, max_steps=4, save_steps=2, acceptance_coef=0.5, num_generations=2, rollout_batch_size=3
-        )  # 8 sampled rollouts a step through 3 rows: rows leave and join
-        return DiversedTrainer(
-            config, target, draft, train_dataset=_dataset(5), reward_funcs=[_trust_draft_reward(target, draft)]
-        )
+            tmp_path / out, max_steps=16, save_steps=8, acceptance_coef=0.5, num_generations=2, rollout_batch_size=3
+        )  # 8 sampled rollouts a batch through 3 rows: rows leave and join
+        return _trainer(pair, config, train_dataset=_dataset(5))
 
-    full_trainer = make("a")
-    full = full_trainer.train()
-    checkpoint = tmp_path / "a" / "out" / "checkpoint-2"
-    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "trainer_state.pt").is_file()
-    resumed_trainer = make("b")
-    resumed = resumed_trainer.train(resume_from_checkpoint=checkpoint)
-    assert resumed_trainer.step == 4
-    # steps 3-4 redrew the same rollouts: same rewards, acceptance and losses, then the same head
-    assert resumed_trainer.history == full_trainer.history
-    assert _same(_params(full), _params(resumed))
-    # each rollout of a run has its own seed (steps, prompts and generations all differ)
-    seeds = {full_trainer._rollout_seed("train", s, i, g) for s in range(4) for i in range(4) for g in range(2)}
+    full = make("a")
+    full.train()
+    full.save_model()
+    checkpoint = tmp_path / "a" / "out" / "checkpoint-8"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "optimizer.pt").is_file()
+    resumed = make("b")
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 16
+
+    def strip(logs):
+        return [{k: v for k, v in e.items() if k != "grad_norm"} for e in logs]
+
+    assert strip(_train_logs(resumed)) == strip(_train_logs(full))
+    assert _same(_params(_head(full)), _params(_head(resumed)))
+    assert _same(load_file(str(tmp_path / "a" / "out" / "model.safetensors")), _params(_head(resumed)))
+    again = make("c")  # `true`: the output directory's last checkpoint
+    with pytest.raises(ValueError, match="No checkpoint to resume"):
+        again.train(resume_from_checkpoint=True)
+    # each rollout of a run has its own seed (batches, prompts and generations all differ)
+    seeds = {full._rollout_seed("train", b, i, g) for b in range(4) for i in range(4) for g in range(2)}
     assert len(seeds) == 32
-    assert _same(load_file(str(tmp_path / "a" / "out" / "model.safetensors")), _params(resumed))
 
 
 def test_steps_per_generation_draws_a_block_with_one_head(pair, tmp_path):
-    """K = 2: one sampler call draws two steps' rollouts with the head of the first; the first step of a block is
-    the on-policy step, the second learns from rollouts of the head one update older; resuming is exact."""
+    """K = 2: one sampler call draws two batches with the head of the block's first update; the K batches are then
+    learned from in turn, num_iterations times (TRL's schedule); resuming at a block boundary is exact."""
     target, draft = pair
 
     def make(out, k, **extra):
-        config = _config(tmp_path / out, max_steps=4, acceptance_coef=0.5, steps_per_generation=k, **extra)
-        trainer = DiversedTrainer(
-            config, target, draft, train_dataset=_dataset(6), reward_funcs=[_trust_draft_reward(target, draft)]
-        )
-        calls, drawn = [], []
-        real_rollouts, real_next = trainer._rollouts, trainer._next_rollouts
+        config = _config(tmp_path / out, max_steps=16, acceptance_coef=0.5, steps_per_generation=k, **extra)
+        trainer = _trainer(pair, config, train_dataset=_dataset(6))
+        calls, heads = [], []
+        real_draw, real_step = trainer._draw, trainer.training_step
 
-        def rollouts(head, rows, generations, keys):
-            calls.append([key[1] for key in keys])  # the steps whose rollouts this call draws
-            return real_rollouts(head, rows, generations, keys)
+        def draw(parts):
+            calls.append([sorted({key[1] for key in keys}) for _, _, _, keys in parts])
+            heads.append(copy.deepcopy(_head(trainer)))
+            return real_draw(parts)
 
-        def next_rollouts():
-            rows, batch, age = real_next()
-            drawn.append((trainer.step, batch, copy.deepcopy(trainer.accelerator.unwrap_model(trainer.head))))
-            return rows, batch, age
+        def training_step(model, inputs, num_items_in_batch=None):
+            loss = real_step(model, inputs, num_items_in_batch)
+            batch = trainer._batches[inputs["update"] % 8 % k]
+            w_now = position_weights(_head(trainer), batch["h_draft"], batch["h_target"]).detach()
+            seen.append((inputs["update"], batch, w_now))  # w_now: the head this update differentiates
+            return loss
 
-        trainer._rollouts, trainer._next_rollouts = rollouts, next_rollouts
-        return trainer, calls, drawn
+        seen = []
+        trainer._draw, trainer.training_step = draw, training_step
+        return trainer, calls, heads, seen
 
-    on_policy, on_calls, _ = make("k1", 1)
+    on_policy, on_calls, _, _ = make("k1", 1)
     on_policy.train()
-    blocked, calls, drawn = make("k2", 2, save_steps=2)
+    blocked, calls, heads, seen = make("k2", 2, save_steps=8)
     blocked.train()
-    assert on_calls == [[s] * 4 for s in range(4)]
-    assert calls == [[0] * 4 + [1] * 4, [2] * 4 + [3] * 4]
-    assert [h["rollout_age"] for h in blocked.history] == [0, 1, 0, 1]
-    # the same rollouts and head: the same first update (features up to float rounding: other batch shapes)
-    first, reference = blocked.history[0], on_policy.history[0]
+    assert on_calls == [[[b]] for b in range(4)]
+    assert calls == [[[0], [1]], [[2], [3]]]
+    logs = _train_logs(blocked)
+    assert [e["rollout_age"] for e in logs] == list(range(8)) * 2
+    # the block's first update is on-policy and learns from batch 0, as the K = 1 run's first update
+    first, reference = logs[0], _train_logs(on_policy)[0]
     assert all(first[k] == reference[k] for k in ("reward", "acceptance_rate", "mean_w"))
     assert first == pytest.approx(reference, rel=1e-5, abs=1e-7)
-    for step, batch, head_now in drawn:
-        drew = drawn[step - step % 2][2]  # the head at the block's first step
-        for rollout in batch:
-            t = rollout.trace
-            w = position_weights(head_now, t.h_draft, t.h_target).detach()
-            w_drew = position_weights(drew, t.h_draft, t.h_target).detach()
-            assert torch.allclose(t.w, w_drew, atol=1e-6)
-            if step % 2:  # one update later the head has moved: these rollouts are off-policy
-                assert not torch.allclose(t.w, w, atol=1e-4)
-    resumed, _, _ = make("k2b", 2, save_steps=2)
-    resumed.train(resume_from_checkpoint=tmp_path / "k2" / "out" / "checkpoint-2")
-    assert resumed.history == blocked.history
-    assert _same(_params(resumed.accelerator.unwrap_model(resumed.head)), _params(blocked.head))
+    for update, batch, w_now in seen:
+        w_drew = position_weights(heads[update // 8], batch["h_draft"], batch["h_target"]).detach()
+        assert torch.allclose(batch["w_old"], w_drew, atol=1e-6)  # the head at the block's first update drew it
+        if update % 8:  # the head has moved since: these rollouts are off-policy, and the ratio corrects for it
+            assert not torch.allclose(batch["w_old"], w_now, atol=1e-4)
+        else:
+            assert torch.allclose(batch["w_old"], w_now, atol=1e-6)
+    resumed, _, _, _ = make("k2b", 2, save_steps=8)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "k2" / "out" / "checkpoint-8"))
+    strip = lambda logs: [{k: v for k, v in e.items() if k != "grad_norm"} for e in logs]  # noqa: E731
+    assert strip(_train_logs(resumed)) == strip(logs)
+    assert _same(_params(_head(resumed)), _params(_head(blocked)))
+    with pytest.raises(ValueError, match="multiple of steps_per_generation x num_iterations = 8"):
+        _config(tmp_path, steps_per_generation=2, save_steps=4)
 
 
 def _recording_trainer(pair, out: Path, **extra) -> tuple[DiversedTrainer, list]:
-    """A K = 2 trainer with eval prompts that records, per sampler call, what it drew: "eval" or the steps."""
-    target, draft = pair
-    config = _config(out, max_steps=4, acceptance_coef=0.5, steps_per_generation=2, **extra)
-    trainer = DiversedTrainer(
-        config, target, draft, train_dataset=_dataset(6), eval_dataset=_dataset(3, seed=5),
-        reward_funcs=[_trust_draft_reward(target, draft)],
-    )  # fmt: skip
+    """A K = 2 trainer with eval prompts that records, per sampler call, what it drew: "eval" or the batches."""
+    config = _config(out, max_steps=16, acceptance_coef=0.5, steps_per_generation=2, **extra)
+    trainer = _trainer(pair, config, train_dataset=_dataset(6), eval_dataset=_dataset(3, seed=5))
     calls = []
     real_draw = trainer._draw
 
@@ -329,29 +360,25 @@ def _recording_trainer(pair, out: Path, **extra) -> tuple[DiversedTrainer, list]
 
 
 def test_evaluation_at_a_block_boundary_shares_the_blocks_sampler_call(pair, tmp_path):
-    """With eval_steps a multiple of K, each evaluation and the next block's rollouts are drawn in one sampler call;
-    training sees the same rollouts as a run without evaluations, and the evaluations are those of the heads."""
-
-    def make(out, **extra):
-        return _recording_trainer(pair, tmp_path / out, **extra)
-
-    merged, calls = make("merged", eval_steps=2, num_eval_prompts=3)
+    """With eval_steps a multiple of K x num_iterations, each evaluation and the next block's rollouts are drawn in
+    one sampler call; training sees the same rollouts as a run without evaluations."""
+    merged, calls = _recording_trainer(
+        pair, tmp_path / "merged", num_eval_prompts=3, eval_strategy="steps", eval_steps=8, eval_on_start=True
+    )
     merged.train()
-    # step 0: untrained evaluation + block (steps 0, 1); step 2: evaluation + block (2, 3); the final evaluation
-    assert calls == [[["eval"], [0, 1]], [["eval"], [2, 3]], [["eval"]]]
-    alone, alone_calls = make("alone", num_eval_prompts=0)
+    # update 0: untrained evaluation + block (batches 0, 1); update 8: evaluation + block (2, 3); the final ones
+    assert calls == [[["eval"], [0], [1]], [["eval"], [2], [3]], [["eval"]]]
+    alone, alone_calls = _recording_trainer(pair, tmp_path / "alone", num_eval_prompts=0)
     alone.train()
-    assert alone_calls == [[[0, 1]], [[2, 3]]]
-    for a, b in zip(merged.history, alone.history, strict=True):  # same tokens; features up to float rounding
+    assert alone_calls == [[[0], [1]], [[2], [3]]]
+    for a, b in zip(_train_logs(merged), _train_logs(alone), strict=True):  # same tokens; features up to rounding
         assert all(a[k] == b[k] for k in ("acceptance_rate", "cut_fraction"))
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
-    head_merged = merged.accelerator.unwrap_model(merged.head)
-    head_alone = alone.accelerator.unwrap_model(alone.head)
-    for k, v in _params(head_merged).items():
-        torch.testing.assert_close(v, _params(head_alone)[k], atol=1e-6, rtol=1e-5)
+    for k, v in _params(_head(merged)).items():
+        torch.testing.assert_close(v, _params(_head(alone))[k], atol=1e-6, rtol=1e-5)
     # the evaluation drawn beside a block equals one drawn alone, for the untrained and the trained head
-    assert merged.untrained_eval == merged.evaluate(merged.ref_head)
-    assert merged.eval_metrics["trained"] == merged.evaluate(head_merged)
+    assert merged.untrained_eval == merged._evaluate_head(merged.ref_head)
+    assert merged.eval_metrics["trained"] == merged._evaluate_head(_head(merged))
     assert merged.eval_metrics["untrained"] == merged.untrained_eval
 
 
@@ -361,7 +388,7 @@ def test_lr_sweep_moves_w_more_with_a_larger_rate(pair, tmp_path, monkeypatch):
     import lr_sweep
 
     target, draft = pair
-    config = _config(tmp_path, max_steps=10, acceptance_coef=0.5)
+    config = _config(tmp_path, max_steps=16, acceptance_coef=0.5)
     data = dict(train_dataset=_dataset(6), reward_funcs=[_trust_draft_reward(target, draft)])
     cache = tmp_path / "rollouts.pt"
     blocks = lr_sweep.draw_block(config, 3, target, draft, None, cache, **data)
@@ -379,8 +406,9 @@ def test_lr_sweep_moves_w_more_with_a_larger_rate(pair, tmp_path, monkeypatch):
         ]
     monkeypatch.undo()
     records = lr_sweep.sweep(config, [1e-1, 1e-3], blocks, target, draft, **data)
-    assert [(r["learning_rate"], r["update"]) for r in records] == [(lr, u) for lr in (1e-1, 1e-3) for u in range(4)]
-    big, small = records[:4], records[4:]
+    # 3 batches x num_iterations 4 = 12 updates per rate, and the head before them
+    assert [(r["learning_rate"], r["update"]) for r in records] == [(lr, u) for lr in (1e-1, 1e-3) for u in range(13)]
+    big, small = records[:13], records[13:]
     assert big[0]["mean_w"] == small[0]["mean_w"]  # the same initial head
     assert sum(r["moved"] for r in big) > 3 * sum(r["moved"] for r in small) > 0
     lr_sweep.write_report(records, tmp_path / "sweep", "python training/lr_sweep.py ...", 100, 12)
@@ -431,16 +459,16 @@ def test_training_starts_from_a_head_fitted_to_a_rule(pair, tmp_path, monkeypatc
                         groups=groups, holdout=0.0, steps=50)  # fmt: skip
     head.save_pretrained(tmp_path / "rule-head")
 
-    config = _config(tmp_path, max_steps=1, init_head=str(tmp_path / "rule-head"))
-    trainer = DiversedTrainer(config, target, draft, train_dataset=_dataset(), reward_funcs=[_constant_reward])
-    assert _same(_params(trainer.ref_head), _params(head)) and _same(_params(trainer.head), _params(head))
+    config = _config(tmp_path, max_steps=4, init_head=str(tmp_path / "rule-head"))
+    trainer = DiversedTrainer(target, draft, config, train_dataset=_dataset(), reward_funcs=[_constant_reward])
+    assert _same(_params(trainer.ref_head), _params(head)) and _same(_params(trainer.model), _params(head))
     trainer.train()
     assert _same(_params(DiversedHead.from_pretrained(tmp_path / "rule-head")), _params(head))  # the file is kept
     with pytest.raises(ValueError, match="contradicts the head in `init_head`"):
-        DiversedTrainer(_config(tmp_path, init_head=str(tmp_path / "rule-head"), head_hidden_size=8), target, draft,
+        DiversedTrainer(target, draft, _config(tmp_path, init_head=str(tmp_path / "rule-head"), head_hidden_size=8),
                         train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
     with pytest.raises(ValueError, match="not both"):
-        DiversedTrainer(config, target, draft, head=head, train_dataset=_dataset(), reward_funcs=[_constant_reward])
+        DiversedTrainer(target, draft, config, head=head, train_dataset=_dataset(), reward_funcs=[_constant_reward])
     old = Rollout.__new__(Rollout)  # as pickled before rollouts held a Trace: per-position fields, no tokens
     old.__dict__.update(completion_ids=loaded[0].completion_ids, p_y=loaded[0].trace.p_y, w_old=loaded[0].trace.w)
     torch.save([old], tmp_path / "old-rollouts.pt")
@@ -472,18 +500,18 @@ def test_a_head_reading_the_next_token_laws_imitates_a_cascade_then_trains(pair,
                                   learning_rate=5e-2, features=rollout_features(rollouts))  # fmt: skip
     assert metrics["held_out"]["auc"] > 0.95, metrics
     head.save_pretrained(tmp_path / "opt-head")
-    trainer = DiversedTrainer(_config(tmp_path, max_steps=1, init_head=str(tmp_path / "opt-head")), target, draft,
+    trainer = DiversedTrainer(target, draft, _config(tmp_path, max_steps=4, init_head=str(tmp_path / "opt-head")),
                               train_dataset=_dataset(), reward_funcs=[_trust_draft_reward(target, draft)])  # fmt: skip
     trainer.train()
-    moved = (trainer.head.out.weight.cpu() - head.out.weight).detach()[0]  # the trainer moved its head to the target
+    moved = (trainer.model.out.weight.cpu() - head.out.weight).detach()[0]  # the trainer moved its head to the target
     assert float(moved[-3:].abs().min()) > 0  # the features' weights got gradients too
-    fresh = DiversedTrainer(_config(tmp_path / "fresh", max_steps=1, use_distribution_features=True), target, draft,
+    fresh = DiversedTrainer(target, draft, _config(tmp_path / "fresh", use_distribution_features=True),
                             train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
-    assert fresh.head.config.use_distribution_features
+    assert fresh.model.config.use_distribution_features
     DiversedHead.for_models(target, draft).save_pretrained(tmp_path / "plain-head")
     with pytest.raises(ValueError, match="contradicts the head in `init_head`"):
-        DiversedTrainer(_config(tmp_path, init_head=str(tmp_path / "plain-head"), use_distribution_features=True),
-                        target, draft, train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
+        config = _config(tmp_path, init_head=str(tmp_path / "plain-head"), use_distribution_features=True)
+        DiversedTrainer(target, draft, config, train_dataset=_dataset(), reward_funcs=[_constant_reward])
     with pytest.raises(ValueError, match="these positions carry none"):
         position_weights(head, h_d, h_t, None)
 
@@ -492,19 +520,19 @@ def test_training_can_start_from_a_speculative_cascade(pair, tmp_path):
     """``init_head="cascade-opt:0.1"``: the first head is ``DiversedHead.from_cascade`` (the cascade, reading the
     next-token laws), and RL moves it from there; ``head_hidden_size`` makes it an MLP set to the same cascade."""
     target, draft = pair
-    trainer = DiversedTrainer(_config(tmp_path, max_steps=1, init_head="cascade-opt:0.1"), target, draft,
+    trainer = DiversedTrainer(target, draft, _config(tmp_path, max_steps=4, init_head="cascade-opt:0.1"),
                               train_dataset=_dataset(), reward_funcs=[_trust_draft_reward(target, draft)])  # fmt: skip
     expected = DiversedHead.from_cascade(target, draft, "opt", 0.1)
-    torch.testing.assert_close(trainer.head.out.weight.cpu(), expected.out.weight, atol=0, rtol=0)
-    assert trainer.head.config.use_distribution_features and trainer.head.config.task == "gsm8k"
+    torch.testing.assert_close(trainer.model.out.weight.cpu(), expected.out.weight, atol=0, rtol=0)
+    assert trainer.model.config.use_distribution_features and trainer.model.config.task == "gsm8k"
     trainer.train()
-    assert float((trainer.head.out.weight.cpu() - expected.out.weight).detach().abs().max()) > 0
-    mlp = DiversedTrainer(_config(tmp_path, init_head="cascade-opt:0.1", head_hidden_size=8), target, draft,
+    assert float((trainer.model.out.weight.cpu() - expected.out.weight).detach().abs().max()) > 0
+    mlp = DiversedTrainer(target, draft, _config(tmp_path, init_head="cascade-opt:0.1", head_hidden_size=8),
                           train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
-    assert mlp.head.config.head_hidden_size == 8 and mlp.head.config.use_distribution_features
-    torch.testing.assert_close(mlp.head.out.weight[0, :2].cpu(), torch.tensor([50.0, -50.0]), atol=0, rtol=0)
+    assert mlp.model.config.head_hidden_size == 8 and mlp.model.config.use_distribution_features
+    torch.testing.assert_close(mlp.model.out.weight[0, :2].cpu(), torch.tensor([50.0, -50.0]), atol=0, rtol=0)
     with pytest.raises(ValueError, match="Unknown SpecCascade rule 'max'"):
-        DiversedTrainer(_config(tmp_path, init_head="cascade-max:0.1"), target, draft,
+        DiversedTrainer(target, draft, _config(tmp_path, init_head="cascade-max:0.1"),
                         train_dataset=_dataset(), reward_funcs=[_constant_reward])  # fmt: skip
 
 
@@ -650,12 +678,12 @@ def test_reward_signal_command(tmp_path, monkeypatch, capsys):
 
 def test_reward_validation(pair, tmp_path):
     target, draft = pair
-    config = _config(tmp_path, max_steps=1)
-    bad_len = DiversedTrainer(config, target, draft, train_dataset=_dataset(), reward_funcs=[lambda p, c, **k: [1.0]])
+    config = _config(tmp_path, max_steps=4)
+    bad_len = DiversedTrainer(target, draft, config, train_dataset=_dataset(), reward_funcs=[lambda p, c, **k: [1.0]])
     with pytest.raises(ValueError, match="returned 1 values for 4 completions"):
         bad_len.train()
     nan = DiversedTrainer(
-        config, target, draft, train_dataset=_dataset(), reward_funcs=[lambda p, c, **k: [float("nan")] * len(c)]
+        target, draft, config, train_dataset=_dataset(), reward_funcs=[lambda p, c, **k: [float("nan")] * len(c)]
     )
     with pytest.raises(ValueError, match="NaN"):
         nan.train()
@@ -664,29 +692,31 @@ def test_reward_validation(pair, tmp_path):
 def test_bad_task_data_and_head_are_named(pair, tmp_path, monkeypatch):
     target, draft = pair
     with pytest.raises(ValueError, match="unknown task 'gsm9k'; valid names: gsm8k"):
-        DiversedTrainer(_config(tmp_path, task="gsm9k"), target, draft)
+        DiversedTrainer(target, draft, _config(tmp_path, task="gsm9k"))
     monkeypatch.setenv("HF_DIVERSED_DATA_DIR", str(tmp_path / "no-data"))
     with pytest.raises(FileNotFoundError, match="no-data"):
-        DiversedTrainer(_config(tmp_path), target, draft)
+        DiversedTrainer(target, draft, _config(tmp_path))
     monkeypatch.delenv("HF_DIVERSED_DATA_DIR")
     wrong = DiversedHead(DiversedHeadConfig(target_hidden_size=64, draft_hidden_size=48))
     with pytest.raises(ValueError, match="hidden sizes 64/48.*models have 64/32"):
-        DiversedTrainer(_config(tmp_path), target, draft, head=wrong, train_dataset=_dataset())
+        DiversedTrainer(target, draft, _config(tmp_path), head=wrong, train_dataset=_dataset())
 
 
-def test_config_validation():
+def test_config_validation(tmp_path):
     with pytest.raises(ValueError, match="temperature"):
-        DiversedTrainerConfig(temperature=0.0)
+        _config(tmp_path, temperature=0.0)
     with pytest.raises(ValueError, match="rollout_batch_size"):
-        DiversedTrainerConfig(rollout_batch_size=0)
-    with pytest.raises(ValueError, match="report_to"):
-        DiversedTrainerConfig(report_to="wandb")
-    with pytest.raises(ValueError, match="hub_model_id"):
-        DiversedTrainerConfig(push_to_hub=True)
+        _config(tmp_path, rollout_batch_size=0)
     with pytest.raises(ValueError, match="steps_per_generation"):
-        DiversedTrainerConfig(steps_per_generation=0)
-    with pytest.raises(ValueError, match="save_steps as a multiple of steps_per_generation"):
-        DiversedTrainerConfig(save_steps=3, steps_per_generation=2)
+        _config(tmp_path, steps_per_generation=0)
+    with pytest.raises(ValueError, match="set `num_prompts`"):
+        _config(tmp_path, per_device_train_batch_size=4)
+    with pytest.raises(ValueError, match="set `num_prompts`"):
+        _config(tmp_path, gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="`epsilon` must be in"):
+        _config(tmp_path, epsilon=1.5)
+    with pytest.raises(ValueError, match="`max_steps` must be > 0"):
+        _config(tmp_path, max_steps=-1)
 
 
 @pytest.mark.parametrize("recipe", ["gsm8k", "code", "summarization"])
@@ -696,12 +726,29 @@ def test_cli_parses_recipe_with_overrides(recipe, monkeypatch):
 
     path = ROOT / "training" / "recipes" / f"{recipe}.yaml"
     config = train.parse_config(["--config", str(path), "--max_steps", "2", "--learning_rate", "1e-3"])
-    assert isinstance(config, DiversedTrainerConfig)
+    assert isinstance(config, DiversedConfig)
     assert config.max_steps == 2 and config.learning_rate == 1e-3
     assert config.task == {"gsm8k": "gsm8k", "code": "mbpp", "summarization": "cnndm"}[recipe]
-    assert (config.warmup_steps, config.lr_scheduler_type, config.num_prompts) == (10, "cosine", 8)
+    assert (config.warmup_steps, config.lr_scheduler_type, config.num_prompts) == (40, "cosine", 8)
+    assert (config.num_iterations, config.epsilon) == (4, 0.2)
     assert (config.max_new_tokens, config.max_grad_norm) == (128, 5.0)
     assert "train" in sys.modules
+
+
+def test_cli_refuses_a_bad_setting_in_one_line(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import train
+
+    recipe = str(ROOT / "training" / "recipes" / "gsm8k.yaml")
+    assert train.main(["--config", recipe, "--per_device_train_batch_size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "set `num_prompts`" in err and "Traceback" not in err
+    assert train.main(["--config", recipe, "--save_steps", "6"]) == 2
+    assert "multiple of steps_per_generation x num_iterations = 4" in capsys.readouterr().err
+    assert train.main(["--config", recipe, "--ddp_backend", "gloo"]) == 2
+    assert "drop it for a single process" in capsys.readouterr().err
+    config = train.parse_config(["--config", recipe, "--report_to", "tensorboard,wandb"])
+    assert config.report_to == ["tensorboard", "wandb"]
 
 
 @pytest.mark.parametrize("recipe_name", ["gsm8k-full", "mbpp-full", "cnndm-full"])
@@ -715,9 +762,11 @@ def test_full_size_recipe_parses_and_validates(recipe_name, monkeypatch):
     from hf_diversed.evaluation.tasks import get_task, parse_split
 
     config = train.parse_config(["--config", str(ROOT / "training" / "recipes" / f"{recipe_name}.yaml")])
-    assert config.max_steps * config.num_prompts * config.num_generations == 800
-    assert config.save_steps % config.steps_per_generation == 0
-    assert config.eval_steps % config.steps_per_generation == 0  # evaluations share the next block's sampler call
+    batches = config.max_steps // config.num_iterations
+    assert batches * config.num_prompts * config.num_generations == 800 and config.num_iterations == 4
+    assert config.save_steps % config.updates_per_generation == 0
+    assert config.eval_steps % config.updates_per_generation == 0  # evaluations share the next block's sampler call
+    assert config.eval_on_start and config.eval_strategy == "steps"
     assert config.steps_per_generation * config.num_prompts <= config.rollout_batch_size
     train_split, train_rows = parse_split(config.train_split)
     eval_split, eval_rows = parse_split(config.eval_split)
@@ -731,74 +780,107 @@ def test_full_size_recipe_parses_and_validates(recipe_name, monkeypatch):
 
 
 _DISTRIBUTED_SCRIPT = """
-import sys
+import os, sys
 import datasets, torch
 sys.path.insert(0, {tests!r})
 from conftest import build_tiny, prompts
-from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
+from hf_diversed.trainer import DiversedConfig, DiversedTrainer
 
 torch.set_num_threads(1)
 target, draft = build_tiny("llama", 64, 2, 0), build_tiny("llama", 32, 1, 3)
 data = datasets.Dataset.from_list([{{"input_ids": ids[0].tolist()}} for ids in prompts(8)])
-config = DiversedTrainerConfig(task="gsm8k", num_prompts=4, max_new_tokens=8, num_assistant_tokens=4,
-    learning_rate=2e-2, warmup_steps=0, max_steps=2, acceptance_coef=1.0, output_dir={out!r})
-trainer = DiversedTrainer(config, target, draft, train_dataset=data,
+config = DiversedConfig(task="gsm8k", num_prompts=4, max_new_tokens=8, num_assistant_tokens=4, learning_rate=2e-2,
+    warmup_steps=0, max_steps=8, acceptance_coef=1.0, output_dir={out!r}, use_cpu=True,
+    ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
+    save_strategy="no", disable_tqdm=True)
+trainer = DiversedTrainer(target, draft, config, train_dataset=data,
                           reward_funcs=[lambda p, c, **k: [float(len(x)) for x in c]])
-head = trainer.train()
-assert trainer.accelerator.num_processes == 2
-torch.save(head.state_dict(), {out!r} + f"/rank{{trainer.accelerator.process_index}}.pt")
+trainer.train()
+trainer.save_model()
+world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+head = trainer.accelerator.unwrap_model(trainer.model)
+torch.save(head.state_dict(), {out!r} + f"/world{{world}}-rank{{rank}}.pt")
+torch.save(trainer.ref_head.state_dict(), {out!r} + f"/world{{world}}-init.pt")
 """
 
 
-def test_two_processes_keep_heads_identical(tmp_path):
+def test_two_processes_take_the_same_updates_as_one(tmp_path):
+    """The same global batch (4 prompts) on one process and split over two (accelerate, gloo on CPU): every rank
+    ends with the one-process head (up to float rounding of the all-reduce)."""
     import subprocess
 
     out = tmp_path / "out"
     out.mkdir()
     script = tmp_path / "run.py"
     script.write_text(_DISTRIBUTED_SCRIPT.format(tests=str(ROOT / "tests"), out=str(out)))
-    # `accelerate launch --cpu` starts a single process; `--multi_gpu` starts two ranks, and the trainer's
-    # Accelerator(cpu=True) turns them into a gloo MULTI_CPU group on a machine without GPUs.
-    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2"]
-    cmd.append(str(script))
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "CUDA_VISIBLE_DEVICES": "",
         "HF_DIVERSED_TEST_DEVICE": "cpu",
-    }  # CPU ranks anywhere
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rank0, rank1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
+        "PYTHONPATH": str(ROOT),
+    }  # this checkout, whatever the editable install points at
+    launch = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu"]
+    for cmd in ([*launch, "--num_processes", "2", str(script)], [sys.executable, str(script)]):
+        result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    one, rank0, rank1 = (torch.load(out / f"{name}.pt") for name in ("world1-rank0", "world2-rank0", "world2-rank1"))
     assert _same(rank0, rank1)
+    assert not _same(one, torch.load(out / "world1-init.pt"))  # the updates moved the head
+    for name, value in one.items():
+        torch.testing.assert_close(rank0[name], value, atol=1e-5, rtol=1e-4)
     assert (out / "model.safetensors").is_file()
 
 
-def test_a_run_stopped_before_logging_an_evaluation_resumes_with_it(pair, tmp_path):
-    """The checkpoint at an evaluation step is written before the evaluation: a resumed run whose log lacks that
-    evaluation draws it (beside the next block, as the uninterrupted run did); one whose log has it does not."""
+def test_push_to_hub_uploads_the_head_and_its_card(pair, tmp_path, monkeypatch):
+    """``push_to_hub`` is the Trainer's: the repository is created at start, and the head's folder (weights, config,
+    the generated card, the custom_generate recipe) is uploaded; checkpoints are not. The Hub API is patched."""
+    import huggingface_hub
 
-    def log(out):
-        path = tmp_path / out / "out" / "log_history.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()]
+    created, uploads = [], []
 
-    full, _ = _recording_trainer(pair, tmp_path / "full", eval_steps=2, num_eval_prompts=3, save_steps=2)
-    full.train()
-    checkpoint = tmp_path / "full" / "out" / "checkpoint-2"
-    for out, upto_eval in (("stopped", False), ("logged", True)):
-        (tmp_path / out / "out").mkdir(parents=True)
-        kept = [e for e in log("full") if e["step"] < 2 or (e["step"] == 2 and (upto_eval or e["split"] == "train"))]
-        (tmp_path / out / "out" / "log_history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
-    stopped, stopped_calls = _recording_trainer(pair, tmp_path / "stopped", eval_steps=2, num_eval_prompts=3)
-    stopped.train(resume_from_checkpoint=checkpoint)
-    assert stopped_calls == [[["eval"], [2, 3]], [["eval"]]]
-    assert log("stopped") == log("full") and stopped.history == full.history
-    logged, logged_calls = _recording_trainer(pair, tmp_path / "logged", eval_steps=2, num_eval_prompts=3)
-    logged.train(resume_from_checkpoint=checkpoint)
-    assert logged_calls == [[[2, 3]], [["eval"]]]
-    for a, b in zip(logged.history, full.history, strict=True):  # the block drawn alone: same tokens
-        assert all(a[k] == b[k] for k in ("acceptance_rate", "cut_fraction"))
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    def create_repo(self, repo_id, **kwargs):
+        created.append(repo_id)
+        return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, run_as_future=False, **kwargs):
+        from concurrent.futures import Future
+
+        from huggingface_hub.utils import filter_repo_objects
+
+        root = Path(folder_path)
+        files = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
+        kept = sorted(filter_repo_objects(files, ignore_patterns=ignore_patterns))
+        uploads.append((repo_id, {f: (root / f).read_bytes() for f in kept}))
+        info = huggingface_hub.CommitInfo(
+            commit_url=f"https://huggingface.co/{repo_id}/commit/0", commit_message="", commit_description="",
+            oid="0" * 40,
+        )  # fmt: skip
+        if not run_as_future:  # the Trainer pushes checkpoints in the background
+            return info
+        future = Future()
+        future.set_result(info)
+        return future
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    config = _config(tmp_path, max_steps=8, save_steps=8, push_to_hub=True, hub_model_id="org/diversed-head-tiny",
+                     num_eval_prompts=3)  # fmt: skip
+    trainer = _trainer(pair, config, eval_dataset=_dataset(3, seed=5))
+    assert created == ["org/diversed-head-tiny"]
+    trainer.train()
+    trainer.push_to_hub()
+    repo, files = uploads[-1]
+    assert repo == "org/diversed-head-tiny"
+    assert {"config.json", "model.safetensors", "README.md", "custom_generate/generate.py"} <= set(files)
+    assert not any(f.startswith("checkpoint-") for f in files)
+    card = files["README.md"].decode()
+    assert "org/diversed-head-tiny" in card and "| trained |" in card and "## Training" in card
+    recipe = files["custom_generate/generate.py"].decode()
+    assert 'HEAD_REPO_ID = "org/diversed-head-tiny"' in recipe
+    pushed = DiversedHead.from_pretrained(tmp_path / "out")
+    assert _same(_params(pushed), _params(_head(trainer)))
 
 
 def test_curve_table_command_reads_a_committed_run(capsys):

@@ -60,10 +60,16 @@ def _block_row(label: str, steps: list[dict], rollouts_per_step: int | None) -> 
 
 
 def block_table(history: list[dict], block: int, rollouts_per_step: int | None = None) -> list[str]:
-    """Training-batch means over consecutive blocks of ``block`` steps, then over every step."""
+    """Training-batch means over consecutive blocks of ``block`` steps, then over every step. A run that logs
+    ``rollout_batch`` (one line per update, several updates per batch) counts rollout batches as steps."""
     if block < 1:
         raise ValueError(f"--block must be a positive number of steps, got {block}.")
     train = sorted((h for h in history if h.get("split") == "train" and "reward" in h), key=lambda h: h["step"])
+    if any("rollout_batch" in h for h in train):  # logged per update: one line per rollout batch, numbered from 1
+        first = {}
+        for h in train:
+            first.setdefault(int(h["rollout_batch"]), {**h, "step": int(h["rollout_batch"]) + 1})
+        train = sorted(first.values(), key=lambda h: h["step"])
     if not train:
         return ["No training step logged yet."]
     lines = ["| steps | rollouts | reward (± s.e.) | acceptance | mean w | cut |", "|---|---|---|---|---|---|"]

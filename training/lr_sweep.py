@@ -3,11 +3,11 @@
     python training/lr_sweep.py --config training/recipes/gsm8k-paper.yaml \
         --learning_rates 5e-4,1.5e-4,5e-5,1.5e-5 --sweep_steps 16 --sweep_dir docs/training/lr-sweep-gsm8k
 
-The first ``sweep_steps`` steps' rollouts are drawn once, by the untrained head (the recipe's prompts, seeds and
-``max_new_tokens``), and cached in ``--rollouts_cache`` (after every ``--draw_chunk_steps`` steps), so an
-interrupted sweep resumes without redrawing. For each
-learning rate a fresh head (same initialisation) then makes the recipe's first ``sweep_steps`` updates on exactly
-those rollouts, with the recipe's scheduler, PPO epochs, clipping and λ. After every update the sweep records the
+The first ``sweep_steps`` rollout batches are drawn once, by the untrained head (the recipe's prompts, seeds and
+``max_new_tokens``), and cached in ``--rollouts_cache`` (after every ``--draw_chunk_steps`` batches), so an
+interrupted sweep resumes without redrawing. For each learning rate a fresh head (same initialisation) then makes
+``sweep_steps x num_iterations`` updates on exactly those rollouts (the batches in turn, as the trainer does), with
+the recipe's scheduler, clipping and λ. After every update the sweep records the
 head's w on every drafted position of the block: its mean, its spread across positions (a per-token head spreads
 w; a static one does not), how far it moved since the previous update, and the share of ratios clipped.
 
@@ -25,10 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 from trl import TrlParser
 
 from hf_diversed.modeling.modeling_diversed_head import position_weights
-from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
+from hf_diversed.trainer import DiversedConfig, DiversedTrainer
 from hf_diversed.trainer.rollout import rollouts_trace
 
 
@@ -37,7 +38,9 @@ class SweepArguments:
     """The sweep's own flags (the recipe's fields are flags too)."""
 
     learning_rates: str = field(default="5e-4,1.5e-4,5e-5,1.5e-5", metadata={"help": "Comma list of rates."})
-    sweep_steps: int = field(default=16, metadata={"help": "Updates per rate (rollouts of that many steps)."})
+    sweep_steps: int = field(
+        default=16, metadata={"help": "Rollout batches drawn once; each rate makes num_iterations updates on each."}
+    )
     sweep_dir: str = field(default="lr-sweep", metadata={"help": "Where sweep.jsonl, sweep.md, sweep.png go."})
     rollouts_cache: str | None = field(
         default=None, metadata={"help": "File caching the drawn rollouts (default: <sweep_dir>/rollouts.pt)."}
@@ -66,13 +69,19 @@ def _features(blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
 
 
 def _weights(trainer: DiversedTrainer, h_draft: torch.Tensor, h_target: torch.Tensor, features) -> torch.Tensor:
-    head = trainer.accelerator.unwrap_model(trainer.head)
+    head = trainer.accelerator.unwrap_model(trainer.model)
     with torch.no_grad():
         return position_weights(head, h_draft, h_target, features)
 
 
+def _sweep_config(config: DiversedConfig, **changes) -> DiversedConfig:
+    """The recipe with ``changes``, never saving, evaluating or reporting: the sweep writes its own files."""
+    return replace(config, save_strategy="no", num_eval_prompts=0, eval_strategy="no", eval_on_start=False,
+                   report_to="none", push_to_hub=False, disable_tqdm=True, **changes)  # fmt: skip
+
+
 def draw_block(
-    config: DiversedTrainerConfig,
+    config: DiversedConfig,
     steps: int,
     target,
     draft,
@@ -81,31 +90,60 @@ def draw_block(
     chunk_steps: int | None = None,
     **trainer_kwargs,
 ):
-    """The first ``steps`` steps' (rows, rollouts, age) of the recipe, drawn by the untrained head.
+    """The first ``steps`` rollout batches' (rows, rollouts, age) of the recipe, drawn by the untrained head.
 
-    Drawn ``chunk_steps`` steps per sampler call (default: all at once) and cached after each call, so an
-    interrupted draw resumes with the next chunk; rollout seeds depend on the step, not on the chunking."""
+    Drawn ``chunk_steps`` batches per sampler call (default: all at once) and cached after each call, so an
+    interrupted draw resumes with the next chunk; rollout seeds depend on the batch, not on the chunking."""
     cache = Path(cache)
     blocks = torch.load(cache, weights_only=False) if cache.is_file() else []
     if len(blocks) >= steps:
         return blocks[:steps]
     chunk = chunk_steps or steps
-    block_config = replace(config, steps_per_generation=chunk, max_steps=steps, save_steps=0, num_eval_prompts=0)
-    trainer = DiversedTrainer(block_config, target, draft, tokenizer=tokenizer, **trainer_kwargs)
+    trainer = DiversedTrainer(target, draft, _sweep_config(config), processing_class=tokenizer, **trainer_kwargs)
+    head = trainer.accelerator.unwrap_model(trainer.model)
     cache.parent.mkdir(parents=True, exist_ok=True)
     while len(blocks) < steps:
-        trainer.step, trainer.data_position = len(blocks), len(blocks) * config.num_prompts
-        first = trainer._next_rollouts()  # one sampler call draws this chunk's steps
-        blocks += [first, *trainer._pending]
-        trainer._pending = []
+        batches = range(len(blocks), min(len(blocks) + chunk, steps))
+        parts = [(head, *trainer._batch_rows(b)) for b in batches]
+        drawn = trainer._draw([(h, rows, config.num_generations, keys) for h, rows, keys in parts])
+        blocks += [(rows, rollouts, b % chunk) for (_, rows, _), rollouts, b in zip(parts, drawn, batches, strict=True)]
         partial = cache.with_suffix(".partial")
         torch.save(blocks, partial)
         partial.replace(cache)
     return blocks
 
 
+class _Recorder(TrainerCallback):
+    """w on every cached position after each update (and before the first)."""
+
+    def __init__(self, trainer: DiversedTrainer, rate: float, features):
+        self.trainer, self.rate, self.features = trainer, rate, features
+        w = _weights(trainer, *features)
+        self.w_prev = w
+        self.records = [{"learning_rate": rate, "update": 0, "mean_w": float(w.mean()), "std_w": float(w.std()),
+                         "moved": 0.0}]  # fmt: skip
+
+    def on_step_end(self, args, state, control, **kwargs):
+        w = _weights(self.trainer, *self.features)
+        metrics = self.trainer._last_update
+        self.records.append(
+            {
+                "learning_rate": self.rate,
+                "update": state.global_step,
+                "mean_w": float(w.mean()),
+                "std_w": float(w.std()),
+                "moved": float((w - self.w_prev).abs().mean()),
+                "clip_frac": metrics["clip_frac"],
+                "policy_loss": metrics["policy_loss"],
+                "lr": self.trainer.lr_scheduler.get_last_lr()[0],
+                "batch_reward": metrics["reward"],
+            }
+        )
+        self.w_prev = w
+
+
 def sweep(
-    config: DiversedTrainerConfig,
+    config: DiversedConfig,
     rates: Sequence[float],
     blocks,
     target,
@@ -113,35 +151,21 @@ def sweep(
     tokenizer=None,
     **trainer_kwargs,
 ) -> list[dict]:
-    """For each rate, a fresh head's first ``len(blocks)`` updates on ``blocks``; one record per rate and update."""
-    h_draft, h_target, features = _features(blocks)
+    """For each rate, a fresh head's first ``len(blocks) * num_iterations`` updates on ``blocks`` (every batch in
+    one generation block, learned from in turn, as the trainer does); one record per rate and update."""
+    features = _features(blocks)
     records = []
     steps = len(blocks)
     for rate in rates:
-        run_config = replace(config, learning_rate=rate, steps_per_generation=steps, save_steps=0, num_eval_prompts=0)
-        trainer = DiversedTrainer(run_config, target, draft, tokenizer=tokenizer, **trainer_kwargs)
-        w_prev = _weights(trainer, h_draft, h_target, features)
-        records.append({"learning_rate": rate, "update": 0, "mean_w": float(w_prev.mean()),
-                        "std_w": float(w_prev.std()), "moved": 0.0})  # fmt: skip
-        for update in range(1, steps + 1):
-            rows, batch, _ = blocks[update - 1]
-            trainer._pending = [(rows, batch, update - 1)]  # the block's rollouts, as steps_per_generation gives them
-            metrics = trainer.training_step()
-            w = _weights(trainer, h_draft, h_target, features)
-            records.append(
-                {
-                    "learning_rate": rate,
-                    "update": update,
-                    "mean_w": float(w.mean()),
-                    "std_w": float(w.std()),
-                    "moved": float((w - w_prev).abs().mean()),
-                    "clip_frac": metrics["clip_frac"],
-                    "policy_loss": metrics["policy_loss"],
-                    "lr": metrics["lr"],
-                    "batch_reward": metrics["reward"],
-                }
-            )
-            w_prev = w
+        run_config = _sweep_config(
+            config, learning_rate=rate, steps_per_generation=steps, max_steps=steps * config.num_iterations
+        )
+        trainer = DiversedTrainer(target, draft, run_config, processing_class=tokenizer, **trainer_kwargs)
+        trainer._draw = lambda parts: [batch for _, batch, _ in blocks]  # the cached rollouts, never drawn again
+        recorder = _Recorder(trainer, rate, features)
+        trainer.add_callback(recorder)
+        trainer.train()
+        records += recorder.records
     return records
 
 
@@ -200,12 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hf_diversed.evaluation.models import load_pair
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    config, args = TrlParser((DiversedTrainerConfig, SweepArguments)).parse_args_and_config(argv)
+    config, args = TrlParser((DiversedConfig, SweepArguments)).parse_args_and_config(argv)
     rates = args.rates()
-    if args.sweep_steps > config.max_steps:
+    if args.sweep_steps * config.num_iterations > config.max_steps:
         raise SystemExit(
-            f"--sweep_steps {args.sweep_steps} exceeds the recipe's max_steps {config.max_steps}: the sweep makes the "
-            "recipe's first updates; lower --sweep_steps."
+            f"--sweep_steps {args.sweep_steps} batches of {config.num_iterations} updates exceed the recipe's "
+            f"max_steps {config.max_steps}: the sweep makes the recipe's first updates; lower --sweep_steps."
         )
     tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype), config.weights)
     out_dir = Path(args.sweep_dir)

@@ -1,7 +1,9 @@
 """Train a DIVERSED ensemble head by RL: ``python training/train.py --config training/recipes/gsm8k.yaml``.
 
-Every :class:`hf_diversed.trainer.DiversedTrainerConfig` field is a flag (``--max_steps 2``); command-line
-flags override the YAML recipe. Multi-process: ``accelerate launch --multi_gpu --num_processes 2 training/train.py``
+Every :class:`hf_diversed.trainer.DiversedConfig` field is a flag (``--max_steps 8``), the
+``transformers.TrainingArguments`` ones included (``--report_to tensorboard``, ``--resume_from_checkpoint true``,
+``--push_to_hub --hub_model_id org/head``); command-line flags override the YAML recipe. Multi-process:
+``accelerate launch --multi_gpu --num_processes 2 training/train.py``
 (CPU-only machines too: ``--multi_gpu`` starts the ranks and the trainer joins them in a gloo group).
 
 ``--mode distill_draft`` instead fine-tunes a LoRA adapter on the draft by distillation toward the target (the
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from trl import TrlParser
 
-from hf_diversed.trainer import DiversedTrainer, DiversedTrainerConfig
+from hf_diversed.trainer import DiversedConfig, DiversedTrainer
 
 MODES = ("head", "distill_draft")
 
@@ -36,7 +38,7 @@ def split_mode(argv: Sequence[str] | None = None) -> tuple[str, list[str]]:
 def parse_config(argv: Sequence[str] | None = None):
     """The config from ``--config recipe.yaml`` plus command-line overrides.
 
-    A :class:`DiversedTrainerConfig` for ``--mode head`` (the default), a
+    A :class:`DiversedConfig` for ``--mode head`` (the default), a
     :class:`hf_diversed.trainer.DraftDistillConfig` for ``--mode distill_draft``.
     """
     mode, rest = split_mode(argv)
@@ -45,15 +47,20 @@ def parse_config(argv: Sequence[str] | None = None):
 
         (config,) = TrlParser((DraftDistillConfig,)).parse_args_and_config(rest)
         return config
-    (config,) = TrlParser((DiversedTrainerConfig,)).parse_args_and_config(rest)
+    (config,) = TrlParser((DiversedConfig,)).parse_args_and_config(rest)
     return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from hf_diversed.cli.main import user_errors
     from hf_diversed.evaluation.models import load_pair
 
-    config = parse_config(argv)
-    if not isinstance(config, DiversedTrainerConfig):
+    try:
+        config = parse_config(argv)
+    except (ValueError, *user_errors()) as err:  # a setting the config refuses: one line naming it and the fix
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    if not isinstance(config, DiversedConfig):
         from accelerate import PartialState
 
         from hf_diversed.trainer import distill_draft
@@ -65,10 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype), config.weights)
-    trainer = DiversedTrainer(config, target, draft, tokenizer=tokenizer)
-    trainer.train()
-    if trainer.accelerator.is_main_process:
-        print(f"saved the head to {config.output_dir}")
+    trainer = DiversedTrainer(target, draft, config, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    trainer.save_model()
+    if config.push_to_hub:
+        trainer.push_to_hub()
+    if trainer.is_world_process_zero():
+        pushed = f" and pushed it to {trainer.hub_model_id}" if config.push_to_hub else ""
+        print(f"saved the head to {config.output_dir}{pushed}")
     return 0
 
 

@@ -1,4 +1,13 @@
-"""Reinforcement-learning trainer for the DIVERSED ensemble head (REINFORCE++ with a PPO clipped surrogate)."""
+"""The DIVERSED head's reinforcement-learning trainer: a :class:`transformers.Trainer` whose policy is the head.
+
+Why not TRL's ``GRPOTrainer``: its config refuses ``num_generations < 2`` (the paper's REINFORCE++ recipe draws one
+completion per prompt, baseline = the batch mean), and its policy log-probabilities come from a causal LM's forward
+over prompt + completion (``_get_per_token_logps_and_entropies``, called while scoring and in the loss), with a
+reference model and tokenizer loaded from that LM's Hub id. The head's policy nu_w(y) = w p(y) + (1 - w) q(y) is a
+function of per-token features recorded at rollout time, not of the token ids, so every one of those pieces would
+be overridden. The Trainer underneath gives the rest: the loop, optimizer and schedule, accelerate (DDP, DeepSpeed,
+FSDP), checkpoints and resume, callbacks, every tracker of ``report_to``, evaluation during training, and the Hub.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +17,37 @@ import hashlib
 import json
 import logging
 import math
-import random
+import os
+from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..evaluation.weights import weights_record
 from ..generation.trace import Trace
-from ..modeling.hub import push_head_folder, write_custom_generate
+from ..modeling.hub import write_custom_generate
 from ..modeling.model_card import render_head_card, weights_sentence
 from ..modeling.modeling_diversed_head import DiversedHead, position_weights
 from .curves import CURVES_FILE, plot_learning_curves
-from .diversed_config import DiversedTrainerConfig
+from .diversed_config import DiversedConfig
 from .objective import diversed_policy_loss, mixture_prob, reinforce_pp_advantages
 from .rollout import Rollout, collect_rollouts
 
-__all__ = ["DiversedTrainer", "DiversedTrainerConfig"]
+__all__ = ["DiversedConfig", "DiversedTrainer"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_FILE = "trainer_state.pt"
+REF_HEAD_FILE = "ref_head.safetensors"
+STATE_FILE = "diversed_state.json"
+LOG_FILE = "log_history.jsonl"
+# The Trainer's fields a head's card reports beside the method's own.
+_LAST_VALUE_METRICS = ("rollout_age", "rollout_batch")  # logged as at the last update, not averaged
+_CARD_TRAINING_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "max_steps", "max_grad_norm",
+                         "weight_decay", "seed")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -52,7 +69,7 @@ def _fingerprint(model: torch.nn.Module) -> list[tuple[str, float, float]]:
         ]
 
 
-def _load_init_head(config: DiversedTrainerConfig, target: torch.nn.Module, draft: torch.nn.Module) -> DiversedHead:
+def _load_init_head(config: DiversedConfig, target: torch.nn.Module, draft: torch.nn.Module) -> DiversedHead:
     """``config.init_head``: a cascade spec (``cascade-opt:0.1``: :meth:`DiversedHead.from_cascade`), else a head's
     Hub id or directory."""
     from ..generation.verification import SpecCascade, parse_rule
@@ -65,7 +82,7 @@ def _load_init_head(config: DiversedTrainerConfig, target: torch.nn.Module, draf
             head_hidden_size=config.head_hidden_size,
         )  # fmt: skip
     head = load_head(config.init_head, cache=False)  # trained in place: never the memoised instance
-    defaults = DiversedTrainerConfig.__dataclass_fields__
+    defaults = DiversedConfig.__dataclass_fields__
     for name in ("init_weight", "head_hidden_size", "use_distribution_features"):
         if getattr(config, name) != defaults[name].default and getattr(config, name) != getattr(head.config, name):
             raise ValueError(
@@ -75,136 +92,186 @@ def _load_init_head(config: DiversedTrainerConfig, target: torch.nn.Module, draf
     return head
 
 
-def training_section(config: DiversedTrainerConfig) -> str:
-    """The Training section of a head's model card: the method and every setting of ``config``."""
+def method_settings(config: DiversedConfig) -> dict[str, Any]:
+    """The settings that define a head's training: the method's fields and the Trainer's optimisation ones."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    inherited = {f.name for f in fields(TrainingArguments)}
+    names = [f.name for f in fields(DiversedConfig) if f.name not in inherited] + list(_CARD_TRAINING_FIELDS)
+    return {name: getattr(config, name) for name in names}
+
+
+def training_section(config: DiversedConfig) -> str:
+    """The Training section of a head's model card: the method and its settings."""
     return "\n".join(
         [
-            "Trained with `hf_diversed.trainer.DiversedTrainer` (REINFORCE++ advantages, PPO-clipped ratio of "
-            "the head's mixture policy, frozen target and draft). Configuration:",
+            "Trained with `hf_diversed.trainer.DiversedTrainer` (a `transformers.Trainer`: REINFORCE++ advantages, "
+            "PPO-clipped ratio of the head's mixture policy, frozen target and draft). Configuration:",
             "",
             "| key | value |",
             "|---|---|",
         ]
-        + [f"| {k} | {v} |" for k, v in asdict(config).items() if k not in ("hub_model_id", "resume_from_checkpoint")]
+        + [f"| {k} | {v} |" for k, v in method_settings(config).items()]
     )
 
 
-class DiversedTrainer:
+class _Updates(torch.utils.data.Dataset):
+    """Item s is the Trainer's update s; its prompts and rollouts follow from s (and the seed), so the same update
+    draws the same rows on any process count and after a resume."""
+
+    def __init__(self, num_updates: int):
+        self.num_updates = num_updates
+
+    def __len__(self) -> int:
+        return self.num_updates
+
+    def __getitem__(self, index: int) -> dict[str, int]:
+        return {"update": index}
+
+
+def _single(items: list[dict[str, int]]) -> dict[str, int]:
+    return items[0]
+
+
+class _HeadTrainingCallback(TrainerCallback):
+    """Writes ``log_history.jsonl`` (one line per logged step and split, the learning curves redrawn at each
+    evaluation) and puts the reference head and the untrained evaluation in every checkpoint."""
+
+    def __init__(self, trainer: DiversedTrainer):
+        self.trainer = trainer
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "train_runtime" in logs:
+            return
+        split = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        metrics = {
+            ("lr" if k == "learning_rate" else k.removeprefix("eval_")): v
+            for k, v in logs.items()
+            if k != "epoch" and not k.endswith(("_runtime", "_per_second"))
+        }
+        path = Path(args.output_dir) / LOG_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps({"step": state.global_step, "split": split, **metrics}) + "\n")
+        if split == "eval":
+            try:
+                plot_learning_curves(path, path.parent / CURVES_FILE)
+            except ImportError:  # matplotlib is in the bench extra; the JSONL holds the same numbers
+                pass
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.trainer._save_extra_state(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+
+
+class DiversedTrainer(Trainer):
     """Trains a DIVERSED ensemble head by reinforcement learning on the decoding task.
 
     Objective. At a drafted position t the head's weight w_theta,t defines the policy
     ``nu_theta,t(y) = w_theta,t p_t(y) + (1 - w_theta,t) q_t(y)`` (p: target, q: draft, both frozen:
-    ``requires_grad`` is switched off, the models are never copied, and their parameters are asserted
-    unchanged at the end of training). Rollouts are DIVERSED speculative decoding with the current head,
-    drawn ``rollout_batch_size`` rows at a time by the batched sampler (:mod:`hf_diversed.generation.batched`, the law
-    of ``generate``; each rollout seeded from ``seed``, the step and its prompt, so a resumed run redraws
-    them exactly), which is on-policy: the law of an emitted token at a drafted position is exactly
+    ``requires_grad`` is switched off, the models are never copied, and their parameters are asserted unchanged at
+    the end of training). Rollouts are DIVERSED speculative decoding with the current head, drawn
+    ``rollout_batch_size`` rows at a time by the batched sampler (:mod:`hf_diversed.generation.batched`, the law of
+    ``generate``; each rollout seeded from ``seed``, its batch and its prompt, so a resumed run and any process
+    count redraw them exactly), which is on-policy: the law of an emitted token at a drafted position is exactly
     ``nu_theta,t`` (bonus tokens follow p whatever the head and carry no gradient). Each completion gets a sequence
-    reward r from ``reward_funcs`` (any TRL-signature functions ``f(prompts, completions, **columns)``,
-    summed) or the task's reward; ``kl_coef`` subtracts ``kl_coef * sum_t log(nu_old / nu_init)(y_t)``
-    (token KL to the initial head). REINFORCE++ advantages ``A = (r - b) / std(r - b)`` over the global
-    batch (gathered across processes), with ``b`` the batch mean, or the group mean of the prompt's
-    completions when ``num_generations > 1``. The head minimises, for ``ppo_epochs`` epochs over the
-    stored features,
+    reward r from ``reward_funcs`` (TRL-signature functions ``f(prompts, completions, **columns)``, summed) or the
+    task's reward; ``kl_coef`` subtracts ``kl_coef * sum_t log(nu_old / nu_init)(y_t)`` (token KL to the initial
+    head). REINFORCE++ advantages ``A = (r - b) / std(r - b)`` over the global batch, with ``b`` the batch mean, or
+    the group mean of the prompt's completions when ``num_generations > 1``. Each update minimises
 
-        - mean_t min(rho_t A, clip(rho_t, 1 - eps, 1 + eps) A),   rho_t = nu_theta,t(y_t) / nu_old,t(y_t)
-        + lambda * mean_t w_theta,t TV(p_t, q_t)
+        - sum_t min(rho_t A, clip(rho_t, 1 - eps, 1 + eps) A) / T  +  lambda * sum_t w_theta,t TV(p_t, q_t) / T,
+          rho_t = nu_theta,t(y_t) / nu_old,t(y_t),
 
-    over the verified (emitted drafted) positions; the second term is the expected rejection rate
-    (acceptance = 1 - w TV), so lambda > 0 pushes w down where the models disagree and raises acceptance.
+    over the batch's verified (emitted drafted) positions, T of them over all processes; the second term is the
+    expected rejection rate (acceptance = 1 - w TV), so lambda > 0 lowers w where the models disagree.
 
-    With ``steps_per_generation`` K > 1 the rollouts of K consecutive steps are drawn together (K times the rows,
-    so the sampler's batch fills) by the head of the block's first step; the later steps learn off-policy, and
-    rho_t, taken against the recorded w of the head that drew y_t, is the importance ratio that corrects for it.
-
-    ``accelerate`` runs it on one or many processes: only the head and optimiser are prepared; each
-    process rolls out its shard of each step's prompts (``num_prompts`` must divide by the process count).
+    Schedule (TRL's): ``steps_per_generation`` K rollout batches are drawn in one sampler call by the head of the
+    block's first update, then each is learned from ``num_iterations`` times, the K batches in turn; the Trainer's
+    step is one update. Later updates learn off-policy, and rho_t, against the recorded w of the head that drew y_t,
+    is the importance ratio that corrects for it.
     """
 
     def __init__(
         self,
-        config: DiversedTrainerConfig,
         target,
         draft,
+        args: DiversedConfig | None = None,
         *,
         head: DiversedHead | None = None,
-        tokenizer=None,
+        reward_funcs: Sequence[Callable[..., list[float]]] | None = None,
         train_dataset=None,
         eval_dataset=None,
-        reward_funcs: Sequence[Callable[..., list[float]]] | None = None,
-        accelerator=None,
+        processing_class=None,
+        callbacks: list[TrainerCallback] | None = None,
     ):
-        from accelerate import Accelerator
-        from transformers import get_scheduler
-
         from ..evaluation.tasks import get_task
+        from ..generation.checks import check_pair
 
-        self.config = config
-        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
-        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        args = args if args is not None else DiversedConfig()
+        if not isinstance(args, DiversedConfig):
+            raise TypeError(f"`args` must be a DiversedConfig, got {type(args).__name__}.")
+        self.target, self.draft, self.tokenizer = target, draft, processing_class
         for model in (target, draft):
             model.requires_grad_(False)
             model.eval()
         # Rollouts draft N tokens every round (no confidence early stop), as the paper and methods.timed_generate.
         draft.generation_config.assistant_confidence_threshold = 0.0
         self._frozen = (_fingerprint(target), _fingerprint(draft))
-        self.task = get_task(config.task) if config.task else None
+        self.task = get_task(args.task) if args.task else None
         if reward_funcs is not None:
             reward_funcs = list(reward_funcs)
             if not reward_funcs or not all(callable(f) for f in reward_funcs):
                 raise ValueError("`reward_funcs` must be a non-empty list of callables f(prompts, completions, **kw).")
         elif self.task is None:
-            raise ValueError("Pass `reward_funcs` or set `config.task` (whose reward is used).")
+            raise ValueError("Pass `reward_funcs` or set `task` in the config (whose reward is used).")
         self.reward_funcs = reward_funcs
-        self.train_dataset = train_dataset if train_dataset is not None else self._load(config.train_split)
-        if config.max_train_prompts is not None:
-            self.train_dataset = self.train_dataset.select(
-                range(min(config.max_train_prompts, len(self.train_dataset)))
-            )
-        self.eval_dataset = eval_dataset
-        if self.eval_dataset is None and config.num_eval_prompts > 0:
-            self.eval_dataset = self._load(config.eval_split)
-        if len(self.train_dataset) == 0:
+        prompts = train_dataset if train_dataset is not None else self._load(args.train_split)
+        if args.max_train_prompts is not None:
+            prompts = prompts.select(range(min(args.max_train_prompts, len(prompts))))
+        if len(prompts) == 0:
             raise ValueError("The training dataset is empty.")
-        world = self.accelerator.num_processes
-        if config.num_prompts % world:
-            raise ValueError(f"`num_prompts`={config.num_prompts} must be divisible by the process count {world}.")
+        if eval_dataset is None and args.num_eval_prompts > 0:
+            eval_dataset = self._load(args.eval_split)
 
-        torch.manual_seed(config.seed)
-        if config.init_head:
+        torch.manual_seed(args.seed)
+        if args.init_head:
             if head is not None:
-                raise ValueError("Pass the initial head either as `head=` or as `config.init_head`, not both.")
-            head = _load_init_head(config, target, draft)
+                raise ValueError("Pass the initial head either as `head=` or as `init_head` in the config, not both.")
+            head = _load_init_head(args, target, draft)
         if head is None:
             head = DiversedHead.for_models(
                 target,
                 draft,
-                init_weight=config.init_weight,
-                head_hidden_size=config.head_hidden_size,
-                use_distribution_features=config.use_distribution_features,
-                task=config.task,
+                init_weight=args.init_weight,
+                head_hidden_size=args.head_hidden_size,
+                use_distribution_features=args.use_distribution_features,
+                task=args.task,
             )
-        from ..generation.checks import check_pair
-
         check_pair(target, draft, head)  # a head built for another pair fails here, naming both sizes
         head.config.training_weights = {"target": weights_record(target), "draft": weights_record(draft)}
         head.float().train()
         self.ref_head = copy.deepcopy(head).requires_grad_(False).eval()
-        optimizer = torch.optim.AdamW(head.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-        self.scheduler = get_scheduler(
-            config.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=config.warmup_steps,
-            num_training_steps=config.max_steps,
+
+        super().__init__(
+            model=head,
+            args=args,
+            train_dataset=prompts,
+            eval_dataset=eval_dataset,
+            callbacks=[*(callbacks or []), _HeadTrainingCallback(self)],
         )
-        self.head, self.optimizer = self.accelerator.prepare(head, optimizer)
-        self.step = 0
-        self.data_position = 0
-        self.history: list[dict[str, float]] = []
-        self.eval_metrics: dict[str, Any] = {}
-        self.untrained_eval: dict[str, float] | None = None  # the held-out metrics of the initial head
-        self._writer = None
-        self._pending: list[tuple[list[dict], list[Rollout], int]] = []  # drawn rollouts of the block's later steps
+        world = self.accelerator.num_processes
+        if args.num_prompts % world:
+            raise ValueError(f"`num_prompts`={args.num_prompts} must be divisible by the process count {world}.")
+        self._block: int | None = None  # index of the generation block whose batches are drawn
+        self._batches: list[dict[str, Any]] = []
+        self._rollout_metrics: dict[str, list[float]] = defaultdict(list)  # since the last log
+        self._last_update: dict[str, float] = {}  # the batch's metrics and the loss's parts, of the last update
+        self.untrained_eval: dict[str, float] | None = None  # held-out metrics of the initial head
+        self.eval_metrics: dict[str, dict[str, float]] = {}
+        self._last_eval: tuple[int, dict[str, float]] | None = None  # (update, metrics) of the last evaluate()
 
     # ----------------------------------------------------------------- data
     def _load(self, split: str):
@@ -212,24 +279,28 @@ class DiversedTrainer:
             raise ValueError(f"No dataset given and no task to load the {split!r} split from.")
         return self.task.load(split)
 
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """One item per update; the update's prompts come from :meth:`_batch_rows` (not sharded by the loader)."""
+        return torch.utils.data.DataLoader(_Updates(self.args.max_steps), batch_size=1, collate_fn=_single)
+
     def _order(self, epoch: int) -> list[int]:
-        g = torch.Generator().manual_seed(self.config.seed * 1000003 + epoch)
+        g = torch.Generator().manual_seed(self.args.seed * 1000003 + epoch)
         return torch.randperm(len(self.train_dataset), generator=g).tolist()
 
-    def _step_rows(self, position: int) -> list[int]:
-        n = len(self.train_dataset)
-        indices = []
-        for i in range(position, position + self.config.num_prompts):
-            indices.append(self._order(i // n)[i % n])
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        per = self.config.num_prompts // world
-        return indices[rank * per : (rank + 1) * per]
+    def _batch_rows(self, batch: int) -> tuple[list[dict], list[tuple]]:
+        """This process's share of rollout batch ``batch``: rows ``batch * num_prompts ...`` of the seeded epoch
+        permutations, and their seed keys (batch, index in the global batch)."""
+        n, size = len(self.train_dataset), self.args.num_prompts
+        indices = [self._order(i // n)[i % n] for i in range(batch * size, (batch + 1) * size)]
+        rank, per = self.accelerator.process_index, size // self.accelerator.num_processes
+        mine = range(rank * per, (rank + 1) * per)
+        return [self.train_dataset[indices[i]] for i in mine], [("train", batch, i) for i in mine]
 
     def _prompt_ids(self, row: dict) -> torch.Tensor:
         if "input_ids" in row:
             return torch.as_tensor(row["input_ids"], dtype=torch.long).view(1, -1)
         if self.tokenizer is None:
-            raise ValueError("Rows without `input_ids` need a `tokenizer` to apply the chat template.")
+            raise ValueError("Rows without `input_ids` need a `processing_class` (tokenizer) for the chat template.")
         return self.tokenizer.apply_chat_template(
             self.task.build_messages(row), add_generation_prompt=True, return_tensors="pt", return_dict=True
         )["input_ids"]
@@ -269,21 +340,17 @@ class DiversedTrainer:
             total += tensor
         return total.float()
 
-    # ---------------------------------------------------------------- steps
+    # -------------------------------------------------------------- rollouts
     def _rollout_seed(self, *key: Any) -> int:
         """A 63-bit seed from (config seed, *key): the same on every run, process count and resume."""
-        text = ":".join(str(k) for k in (self.config.seed, *key))
+        text = ":".join(str(k) for k in (self.args.seed, *key))
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
-
-    def _rollouts(self, head, rows: list[dict], generations: int, keys: list[tuple]) -> list[Rollout]:
-        """``generations`` rollouts per row (row-major), drawn by the batched sampler; rollout g of row i draws
-        from its own generator seeded with ``_rollout_seed(*keys[i], g)``."""
-        return self._draw([(head, rows, generations, keys)])[0]
 
     def _draw(self, parts: list[tuple[DiversedHead, list[dict], int, list[tuple]]]) -> list[list[Rollout]]:
         """Several (head, rows, generations, keys) parts in one sampler call, so they fill its batch together;
-        returns each part's rollouts. A rollout depends on its prompt, seed and head only, not on its batch."""
-        cfg = self.config
+        returns each part's rollouts (row-major), rollout g of a row drawn with ``_rollout_seed(*key, g)``. A
+        rollout depends on its prompt, seed and head only, not on its batch."""
+        args = self.args
         prompts, seeds, heads, sizes = [], [], [], []
         for head, rows, generations, keys in parts:
             for row, key in zip(rows, keys, strict=True):
@@ -293,108 +360,68 @@ class DiversedTrainer:
                     seeds.append(self._rollout_seed(*key, g))
                     heads.append(head)
             sizes.append(len(rows) * generations)
-        rollouts = collect_rollouts(
-            self.target,
-            self.draft,
-            heads,
-            prompts,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            num_assistant_tokens=cfg.num_assistant_tokens,
-            seeds=seeds,
-            batch_size=cfg.rollout_batch_size,
-        )
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            for head in {id(h): h for h in heads}.values():
+                stack.enter_context(_eval_mode(head))
+            rollouts = collect_rollouts(
+                self.target,
+                self.draft,
+                heads,
+                prompts,
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                num_assistant_tokens=args.num_assistant_tokens,
+                seeds=seeds,
+                batch_size=args.rollout_batch_size,
+            )
         out, start = [], 0
         for size in sizes:
             out.append(rollouts[start : start + size])
             start += size
         return out
 
-    def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        from accelerate.utils import gather
+    def _block_parts(self, block: int) -> list[tuple[DiversedHead, list[dict], int, list[tuple]]]:
+        """The rollout batches of generation block ``block`` still to be learned from, drawn by the current head."""
+        args = self.args
+        updates_left = args.max_steps - block * args.updates_per_generation
+        head = self.accelerator.unwrap_model(self.model)
+        parts = []
+        for j in range(min(args.steps_per_generation, updates_left)):
+            rows, keys = self._batch_rows(block * args.steps_per_generation + j)
+            parts.append((head, rows, args.num_generations, keys))
+        return parts
 
-        cfg = self.config
-        grouped = rewards.view(-1, cfg.num_generations)
-        everything = gather(grouped.to(self.accelerator.device)).cpu()
-        return reinforce_pp_advantages(grouped, everything), everything
+    def _set_block(self, block: int, parts, drawn: list[list[Rollout]]) -> None:
+        self._block = block
+        self._batches = [self._score(rows, rollouts) for (_, rows, _, _), rollouts in zip(parts, drawn, strict=True)]
 
-    def _next_rollouts(self) -> tuple[list[dict], list[Rollout], int]:
-        """This step's prompts, rollouts and their age (steps since the head that drew them).
-
-        At the first step of a block of ``steps_per_generation`` steps, the rollouts of every step of the block are
-        drawn in one sampler call with the current head (unless an evaluation drew them already, see
-        :meth:`evaluate`); the block's later steps take theirs from it. Seeds are keyed by (step, index in the
-        step's global batch), so a block's first step draws what an on-policy run draws, and a run resumed at a
-        block boundary redraws exactly the same rollouts."""
-        if not self._pending:
-            blocks, rows, keys = self._block_rows()
-            head = self.accelerator.unwrap_model(self.head)
-            with _eval_mode(head), torch.no_grad():
-                rollouts = self._rollouts(head, rows, self.config.num_generations, keys)
-            self._stash_block(blocks, rollouts)
-        return self._pending.pop(0)
-
-    def _block_rows(self) -> tuple[list[list[dict]], list[dict], list[tuple]]:
-        """The rows of each step of the next block, all of them in order, and their seed keys."""
-        cfg = self.config
-        steps = min(cfg.steps_per_generation, cfg.max_steps - self.step)
-        blocks, rows_all, keys_all = [], [], []
-        for j in range(steps):
-            rows = [self.train_dataset[i] for i in self._step_rows(self.data_position + j * cfg.num_prompts)]
-            first = self.accelerator.process_index * len(rows)
-            rows_all += rows
-            keys_all += [("train", self.step + j, first + k) for k in range(len(rows))]
-            blocks.append(rows)
-        return blocks, rows_all, keys_all
-
-    def _stash_block(self, blocks: list[list[dict]], rollouts: list[Rollout]) -> None:
-        start = 0
-        for age, rows in enumerate(blocks):
-            count = len(rows) * self.config.num_generations
-            self._pending.append((rows, rollouts[start : start + count], age))
-            start += count
-
-    def training_step(self) -> dict[str, float]:
-        cfg = self.config
-        rows, rollouts, age = self._next_rollouts()
-        expanded_rows = [row for row in rows for _ in range(cfg.num_generations)]
-        task_rewards = self._rewards(expanded_rows, rollouts)
-
+    def _score(self, rows: list[dict], rollouts: list[Rollout]) -> dict[str, Any]:
+        """A rollout batch as the loss reads it: per verified position the head's inputs, p(y), q(y), TV, the
+        drawing head's w and the sequence's advantage; the batch's verified count over all processes; its
+        metrics."""
+        args, device = self.args, self.accelerator.device
+        expanded = [row for row in rows for _ in range(args.num_generations)]
+        task_rewards = self._rewards(expanded, rollouts)
         lengths = [r.num_tokens for r in rollouts]
-        trace = Trace.cat([r.trace for r in rollouts])  # w: the drawing head's, w_old
-        h_d, h_t, p_y, q_y, tv, w_old = trace.h_draft, trace.h_target, trace.p_y, trace.q_y, trace.tv, trace.w
-        device = self.accelerator.device
-        h_d, h_t, p_y, q_y, tv, w_old = (x.to(device) for x in (h_d, h_t, p_y, q_y, tv, w_old))
-        features = trace.distribution_features().to(device)
-
+        trace = Trace.cat([r.trace for r in rollouts])
+        batch = {
+            "h_draft": trace.h_draft, "h_target": trace.h_target, "p_y": trace.p_y, "q_y": trace.q_y,
+            "tv": trace.tv, "w_old": trace.w, "features": trace.distribution_features(),
+        }  # fmt: skip
+        batch = {k: v.to(device) for k, v in batch.items()}
         with torch.no_grad():
-            w_ref = position_weights(self.ref_head.to(device), h_d, h_t, features)
+            w_ref = position_weights(self.ref_head.to(device), batch["h_draft"], batch["h_target"], batch["features"])
             eps = torch.finfo(torch.float32).tiny
             log_ratio = (
-                mixture_prob(w_old, p_y, q_y).clamp_min(eps).log() - mixture_prob(w_ref, p_y, q_y).clamp_min(eps).log()
+                mixture_prob(batch["w_old"], batch["p_y"], batch["q_y"]).clamp_min(eps).log()
+                - mixture_prob(w_ref, batch["p_y"], batch["q_y"]).clamp_min(eps).log()
             )
             kl_per_seq = torch.stack([s.sum() for s in log_ratio.cpu().split(lengths)]) if rollouts else torch.zeros(0)
-        rewards = task_rewards - cfg.kl_coef * kl_per_seq
-        advantages, all_rewards = self._advantages(rewards)
-        token_adv = torch.repeat_interleave(advantages, torch.tensor(lengths, dtype=torch.long)).to(device)
-
-        losses, parts = [], {}
-        for _ in range(cfg.ppo_epochs):
-            w = position_weights(self.head, h_d, h_t, features)
-            loss, parts = diversed_policy_loss(
-                w, w_old, p_y, q_y, tv, token_adv, clip_eps=cfg.clip_eps, acceptance_coef=cfg.acceptance_coef
-            )
-            self.accelerator.backward(loss)
-            self.accelerator.clip_grad_norm_(self.head.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-            losses.append(float(loss.detach()))
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        self.step += 1
-        self.data_position += cfg.num_prompts
-
-        from accelerate.utils import gather
+        rewards = task_rewards - args.kl_coef * kl_per_seq
+        grouped = rewards.view(-1, args.num_generations)
+        everything = self.accelerator.gather(grouped.to(device)).cpu()
+        advantages = reinforce_pp_advantages(grouped, everything)
+        batch["advantages"] = torch.repeat_interleave(advantages, torch.tensor(lengths, dtype=torch.long)).to(device)
 
         stats = torch.tensor(
             [
@@ -407,57 +434,96 @@ class DiversedTrainer:
                 float(len(rollouts)),
                 float(kl_per_seq.sum()),
                 float(sum(r.cut for r in rollouts)),
+                float(sum(lengths)),
+                float((batch["w_old"] * batch["tv"]).sum()),
             ],
             dtype=torch.float64,
         )
-        totals = gather(stats.view(1, -1).to(device)).cpu().sum(0)
-        n = max(totals[6].item(), 1.0)
-        return {
-            "reward": totals[5].item() / n,
-            "acceptance_rate": totals[1].item() / max(totals[0].item(), 1.0),
-            "mean_w": totals[2].item() / max(totals[3].item(), 1.0),
-            "mean_wtv": float((w_old * tv).mean()) if tv.numel() else 0.0,
-            "kl": totals[7].item() / n,
-            "loss": sum(losses) / len(losses),
-            "lr": lr,
-            "reward_std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
-            "rollout_age": float(age),
-            "cut_fraction": totals[8].item() / n,
-            **{k: v for k, v in parts.items() if k != "wtv"},
+        totals = self.accelerator.gather(stats.view(1, -1).to(device)).cpu().sum(0).tolist()
+        n = max(totals[6], 1.0)
+        batch["num_positions"] = totals[9]  # the loss's T, over all processes
+        batch["metrics"] = {
+            "reward": totals[5] / n,
+            "reward_std": float(everything.std()) if everything.numel() > 1 else 0.0,
+            "acceptance_rate": totals[1] / max(totals[0], 1.0),
+            "mean_w": totals[2] / max(totals[3], 1.0),
+            "mean_wtv": totals[10] / max(totals[9], 1.0),
+            "kl": totals[7] / n,
+            "cut_fraction": totals[8] / n,
         }
+        return batch
 
-    # ----------------------------------------------------------- evaluation
-    def evaluate(self, head: DiversedHead | None = None, draw_next_block: bool = False) -> dict[str, float]:
-        """Reward, acceptance, mean w and share of rollouts cut at ``max_new_tokens`` (``cut_fraction``) of ``head``
-        (default: the current head) on the eval prompts.
+    # ---------------------------------------------------------------- updates
+    def training_step(self, model, inputs: dict[str, int], num_items_in_batch=None) -> torch.Tensor:
+        """Update ``inputs["update"]``: its generation block is drawn at the block's first update (or by the
+        evaluation just before it), then the update learns from batch ``update % steps_per_generation``."""
+        args = self.args
+        update = int(inputs["update"])
+        block, within = divmod(update, args.updates_per_generation)
+        if self._block != block:
+            if within:
+                raise RuntimeError(
+                    f"Update {update} is inside generation block {block}, drawn by an earlier head; resume from a "
+                    "checkpoint at a multiple of steps_per_generation x num_iterations."
+                )
+            parts = self._block_parts(block)
+            self._set_block(block, parts, self._draw(parts))
+        batch = self._batches[within % args.steps_per_generation]
+        index = block * args.steps_per_generation + within % args.steps_per_generation
+        self._last_update = {**batch["metrics"], "rollout_age": float(within), "rollout_batch": float(index)}
+        for key, value in self._last_update.items():
+            self._rollout_metrics[key].append(value)
+        return super().training_step(model, batch, num_items_in_batch)
 
-        Each eval prompt's rollout has its own seed (from ``config.seed`` and the prompt's index), so different
-        heads are compared on the same draws (paired) and training's random stream is untouched. With
-        ``draw_next_block`` at a block boundary, the next block's training rollouts (current head) are drawn in
-        the same sampler call: the evaluation's rows then fill the batch instead of running it alone.
-        """
-        cfg = self.config
-        if self.eval_dataset is None or cfg.num_eval_prompts == 0:
-            return {}
-        current = self.accelerator.unwrap_model(self.head)
-        head = head if head is not None else current
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None) -> torch.Tensor:
+        """The clipped surrogate plus lambda * w TV over this process's positions, each sum divided by the batch's
+        T over all processes times the process count: the data-parallel mean of gradients is then the gradient
+        of the global batch, the same on any process count."""
+        if return_outputs:
+            raise ValueError("DiversedTrainer.compute_loss has no outputs to return.")
+        w = position_weights(model, inputs["h_draft"], inputs["h_target"], inputs["features"])
+        normalizer = max(inputs["num_positions"], 1.0) / self.accelerator.num_processes
+        loss, parts = diversed_policy_loss(
+            w, inputs["w_old"], inputs["p_y"], inputs["q_y"], inputs["tv"], inputs["advantages"],
+            clip_eps=self.args.epsilon, acceptance_coef=self.args.acceptance_coef, normalizer=normalizer,
+        )  # fmt: skip
+        for key in ("policy_loss", "clip_frac"):
+            self._rollout_metrics[key].append(parts[key])
+            self._last_update[key] = parts[key]
+        return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The Trainer's log, with the rollout metrics averaged over the updates since the last one."""
+        if "loss" in logs and self._rollout_metrics:
+            means = {k: sum(v) / len(v) for k, v in self._rollout_metrics.items()}
+            means.update({k: self._rollout_metrics[k][-1] for k in _LAST_VALUE_METRICS if k in self._rollout_metrics})
+            logs = {**logs, **means}
+            self._rollout_metrics.clear()
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------- evaluation
+    def _evaluate_head(self, head: DiversedHead, also_draw_next_block: bool = False) -> dict[str, float]:
+        """Reward, acceptance, mean w, tokens per round and share of rollouts cut at ``max_new_tokens`` of ``head``
+        on the eval prompts: each prompt's rollout has its own seed (from the seed and the prompt's index), so
+        heads are compared on the same draws (paired). With ``also_draw_next_block`` at a block boundary, the next
+        block's training rollouts are drawn in the same sampler call (they fill its batch together)."""
+        args = self.args
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        n = min(cfg.num_eval_prompts, len(self.eval_dataset))
+        n = min(args.num_eval_prompts, len(self.eval_dataset))
         indices = list(range(rank, n, world))
         rows = [self.eval_dataset[i] for i in indices]
         parts = [(head, rows, 1, [("eval", i) for i in indices])]
-        block = None
-        if draw_next_block and not self._pending and self.step < cfg.max_steps:
-            block = self._block_rows()
-            parts.append((current, block[1], cfg.num_generations, block[2]))
-        with _eval_mode(head), _eval_mode(current), torch.no_grad():
-            drawn = self._draw(parts)
+        next_update = self.state.global_step
+        block, within = divmod(next_update, args.updates_per_generation)
+        draw_block = also_draw_next_block and within == 0 and self._block != block and next_update < args.max_steps
+        if draw_block:
+            block_parts = self._block_parts(block)
+            parts += block_parts
+        drawn = self._draw(parts)
+        if draw_block:
+            self._set_block(block, block_parts, drawn[1:])
         rollouts = drawn[0]
-        if block is not None:
-            self._stash_block(block[0], drawn[1])
         rewards = self._rewards(rows, rollouts) if rollouts else torch.zeros(0)
-        from accelerate.utils import gather
-
         stats = torch.tensor(
             [
                 float(rewards.sum()),
@@ -471,7 +537,7 @@ class DiversedTrainer:
             ],
             dtype=torch.float64,
         )
-        t = gather(stats.view(1, -1).to(self.accelerator.device)).cpu().sum(0).tolist()
+        t = self.accelerator.gather(stats.view(1, -1).to(self.accelerator.device)).cpu().sum(0).tolist()
         return {
             "reward": t[0] / max(t[1], 1.0),
             "acceptance_rate": t[3] / max(t[2], 1.0),
@@ -480,145 +546,58 @@ class DiversedTrainer:
             "cut_fraction": t[7] / max(t[1], 1.0),
         }
 
-    # ----------------------------------------------------------- checkpoints
-    def save_checkpoint(self, directory: str | Path | None = None) -> Path:
-        directory = Path(directory or Path(self.config.output_dir) / f"checkpoint-{self.step}")
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            directory.mkdir(parents=True, exist_ok=True)
-            self.accelerator.unwrap_model(self.head).save_pretrained(directory)
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
-                    "ref_head": self.ref_head.state_dict(),
-                    "step": self.step,
-                    "data_position": self.data_position,
-                    "history": self.history,
-                    "untrained_eval": self.untrained_eval,
-                    "config": asdict(self.config),
-                },
-                directory / _STATE_FILE,
-            )
-        self.accelerator.wait_for_everyone()
-        torch.save(
-            {"python": random.getstate(), "torch": torch.get_rng_state()},
-            directory / f"rng_state_{self.accelerator.process_index}.pth",
-        )
-        self.accelerator.wait_for_everyone()
-        return directory
-
-    def load_checkpoint(self, directory: str | Path) -> None:
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        if not (directory / _STATE_FILE).is_file():
-            raise FileNotFoundError(f"{directory} is not a DIVERSED trainer checkpoint (no {_STATE_FILE}).")
-        state = torch.load(directory / _STATE_FILE, weights_only=False)
-        self.accelerator.unwrap_model(self.head).load_state_dict(load_file(str(directory / "model.safetensors")))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.ref_head.load_state_dict(state["ref_head"])
-        self.step, self.data_position = state["step"], state["data_position"]
-        self._pending = []
-        self.history = list(state.get("history", []))
-        self.untrained_eval = state.get("untrained_eval")
-        rng_file = directory / f"rng_state_{self.accelerator.process_index}.pth"
-        if rng_file.is_file():
-            rng = torch.load(rng_file, weights_only=False)
-            random.setstate(rng["python"])
-            torch.set_rng_state(rng["torch"])
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """The current head's rollout metrics on ``num_eval_prompts`` eval prompts (see :meth:`_evaluate_head`),
+        logged with ``metric_key_prefix``; at update 0 they are the untrained head's."""
+        if eval_dataset is not None:
+            raise ValueError("DiversedTrainer evaluates on the eval_dataset it was built with; pass none here.")
+        if self.eval_dataset is None or self.args.num_eval_prompts == 0:
+            raise ValueError("Evaluation needs `num_eval_prompts` > 0 (and an eval split or `eval_dataset`).")
+        head = self.accelerator.unwrap_model(self.model)
+        metrics = self._evaluate_head(head, also_draw_next_block=True)
+        if self.state.global_step == 0:
+            self.untrained_eval = dict(metrics)
+        self._last_eval = (self.state.global_step, dict(metrics))
+        metrics = {f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
 
     # ------------------------------------------------------------------ train
-    def _log(self, metrics: dict[str, float], prefix: str = "train") -> None:
-        if not self.accelerator.is_main_process:
-            return
-        logger.info("step %d %s %s", self.step, prefix, {k: round(v, 5) for k, v in metrics.items()})
-        log_path = Path(self.config.output_dir) / "log_history.jsonl"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("a") as f:
-            f.write(json.dumps({"step": self.step, "split": prefix, **metrics}) + "\n")
-        if prefix == "eval":
-            try:
-                plot_learning_curves(log_path, log_path.parent / CURVES_FILE)
-            except ImportError:  # matplotlib is in the bench extra; the JSONL holds the same numbers
-                pass
-        if self.config.report_to == "tensorboard":
-            if self._writer is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._writer = SummaryWriter(log_dir=str(Path(self.config.output_dir) / "runs"))
-            for key, value in metrics.items():
-                self._writer.add_scalar(f"{prefix}/{key}", value, self.step)
-
-    def train(self, resume_from_checkpoint: str | Path | None = None) -> DiversedHead:
-        """Run ``max_steps`` steps (from a checkpoint when given); returns the trained (unwrapped) head."""
-        from tqdm.auto import tqdm
-
-        cfg = self.config
-        resume = resume_from_checkpoint or cfg.resume_from_checkpoint
-        if resume:
-            self.load_checkpoint(resume)
-        else:
-            torch.manual_seed(cfg.seed + self.accelerator.process_index)
-            random.seed(cfg.seed + self.accelerator.process_index)
-        if cfg.num_eval_prompts and cfg.eval_steps and self.step == 0 and self.untrained_eval is None:
-            # the curve's first point; its values are also the final "untrained" row (same prompts and seeds)
-            self.untrained_eval = self.evaluate(self.ref_head, draw_next_block=True)
-            self._log(self.untrained_eval, prefix="eval")
-        elif resume and self._evaluation_due() and not self._evaluation_logged():
-            self._log(self.evaluate(draw_next_block=True), prefix="eval")  # the run stopped before logging it
-        bar = tqdm(
-            total=cfg.max_steps,
-            initial=self.step,
-            disable=not self.accelerator.is_local_main_process,
-            desc="diversed-head",
-        )
-        while self.step < cfg.max_steps:
-            metrics = self.training_step()
-            self.history.append({"step": self.step, **metrics})
-            if self.step % cfg.logging_steps == 0:
-                self._log(metrics)
-            bar.update(1)
-            bar.set_postfix(
-                reward=f"{metrics['reward']:.3f}", acc=f"{metrics['acceptance_rate']:.3f}", w=f"{metrics['mean_w']:.3f}"
-            )
-            # the checkpoint first: a run stopped during the evaluation resumes here and evaluates again
-            if cfg.save_steps and self.step % cfg.save_steps == 0:
-                self.save_checkpoint()
-            if self._evaluation_due():
-                self._log(self.evaluate(draw_next_block=True), prefix="eval")
-        bar.close()
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """The Trainer's loop (resumed from a checkpoint when given: a path, or True for the output directory's
+        last), then, with ``num_eval_prompts``, the trained and the untrained head evaluated on the same draws."""
+        resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        if resume_from_checkpoint:
+            self._load_extra_state(Path(resume_from_checkpoint))
+        self._block, self._batches = None, []
+        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         self._check_frozen()
-        head = self.accelerator.unwrap_model(self.head)
-        if cfg.num_eval_prompts:
-            untrained = self.untrained_eval if self.untrained_eval is not None else self.evaluate(self.ref_head)
-            self.eval_metrics = {"trained": self.evaluate(head), "untrained": untrained}
-            self._log(self.eval_metrics["trained"], prefix="eval")
-        self.save_model()
-        if self._writer is not None:
-            self._writer.close()
-        return head
+        if self.args.num_eval_prompts and self.eval_dataset is not None:
+            head = self.accelerator.unwrap_model(self.model)
+            untrained = self.untrained_eval if self.untrained_eval is not None else self._evaluate_head(self.ref_head)
+            if self._last_eval is not None and self._last_eval[0] == self.state.global_step:
+                trained = self._last_eval[1]  # the Trainer's evaluation at the last update
+            else:
+                trained = self._evaluate_head(head)
+                self.log({f"eval_{k}": v for k, v in trained.items()})
+            self.eval_metrics = {"trained": trained, "untrained": untrained}
+        return output
 
-    def _evaluation_due(self) -> bool:
-        """An in-run evaluation point: every ``eval_steps`` steps, before the last (the final one evaluates)."""
-        cfg = self.config
-        return (
-            bool(cfg.num_eval_prompts and cfg.eval_steps)
-            and 0 < self.step < cfg.max_steps
-            and (self.step % cfg.eval_steps == 0)
-        )
+    def _save_extra_state(self, checkpoint: Path) -> None:
+        from safetensors.torch import save_file
 
-    def _evaluation_logged(self) -> bool:
-        """Whether ``log_history.jsonl`` in the output directory holds an evaluation at the current step."""
-        log_path = Path(self.config.output_dir) / "log_history.jsonl"
-        if not log_path.is_file():
-            return False
-        for line in log_path.read_text().splitlines():
-            entry = json.loads(line) if line.strip() else {}
-            if entry.get("split") == "eval" and entry.get("step") == self.step:
-                return True
-        return False
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.ref_head.state_dict().items()}, str(checkpoint / REF_HEAD_FILE))
+        (checkpoint / STATE_FILE).write_text(json.dumps({"untrained_eval": self.untrained_eval}))
+
+    def _load_extra_state(self, checkpoint: Path) -> None:
+        from safetensors.torch import load_file
+
+        if not (checkpoint / REF_HEAD_FILE).is_file():
+            raise FileNotFoundError(f"{checkpoint} is not a DIVERSED trainer checkpoint (no {REF_HEAD_FILE}).")
+        self.ref_head.load_state_dict(load_file(str(checkpoint / REF_HEAD_FILE)))
+        self.untrained_eval = json.loads((checkpoint / STATE_FILE).read_text())["untrained_eval"]
 
     def _check_frozen(self) -> None:
         if (_fingerprint(self.target), _fingerprint(self.draft)) != self._frozen:
@@ -626,49 +605,63 @@ class DiversedTrainer:
 
     # ------------------------------------------------------------ saving
     def model_card(self) -> str:
-        cfg = self.config
-        head = self.accelerator.unwrap_model(self.head)
-        training = training_section(cfg)
+        """The head's card: its pair, the weights it was trained on, the training settings and the evaluation."""
+        args = self.args
+        head = self.accelerator.unwrap_model(self.model)
         if self.eval_metrics:
             keys = list(self.eval_metrics["trained"])
             lines = [
-                f"{min(cfg.num_eval_prompts, len(self.eval_dataset))} prompts of the `{cfg.eval_split}` "
-                f"split, temperature {cfg.temperature}, {cfg.max_new_tokens} new tokens.",
+                f"{min(args.num_eval_prompts, len(self.eval_dataset))} prompts of the `{args.eval_split}` "
+                f"split, temperature {args.temperature}, {args.max_new_tokens} new tokens.",
                 "",
                 "| head | " + " | ".join(keys) + " |",
                 "|---|" + "---|" * len(keys),
             ]
             for name in ("untrained", "trained"):
                 m = self.eval_metrics[name]
-                label = f"untrained (static w={cfg.init_weight})" if name == "untrained" else "trained"
+                label = "untrained (the initial head)" if name == "untrained" else "trained"
                 lines.append(f"| {label} | " + " | ".join(f"{m[k]:.4f}" for k in keys) + " |")
             evaluation = "\n".join(lines)
         else:
             evaluation = "Not evaluated (num_eval_prompts=0)."
         return render_head_card(
-            target_model=cfg.target or head.config.target_model,
-            draft_model=cfg.draft or head.config.draft_model,
+            target_model=args.target or head.config.target_model,
+            draft_model=args.draft or head.config.draft_model,
             vocab_size=head.config.vocab_size,
-            task=cfg.task,
+            task=args.task,
             weights=weights_sentence(head.config.training_weights),
-            repo_id=cfg.hub_model_id or cfg.output_dir,
-            training=training,
+            repo_id=args.hub_model_id or args.output_dir,
+            training=training_section(args),
             evaluation=evaluation,
         )
 
-    def save_model(self, output_dir: str | Path | None = None) -> Path:
-        output_dir = Path(output_dir or self.config.output_dir)
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            head = self.accelerator.unwrap_model(self.head)
-            head.config.task = self.config.task
-            output_dir.mkdir(parents=True, exist_ok=True)
-            head.save_pretrained(output_dir)
-            card = self.model_card()
-            (output_dir / "README.md").write_text(card)
+    def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
+        """Write the head's card (:meth:`model_card`) as ``README.md`` in the output directory."""
+        if kwargs:
+            raise TypeError(f"DiversedTrainer's card takes no {sorted(kwargs)}; it is built from the config.")
+        if self.is_world_process_zero():
+            (Path(self.args.output_dir) / "README.md").write_text(self.model_card())
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The head (``config.json``, ``model.safetensors``), its card and its transformers-only
+        ``custom_generate/`` recipe; ``push_to_hub`` uploads the same folder."""
+        output_dir = output_dir or self.args.output_dir
+        head = self.accelerator.unwrap_model(self.model)
+        head.config.task = self.args.task
+        super().save_model(output_dir, _internal_call)
+        if self.is_world_process_zero():
+            (Path(output_dir) / "README.md").write_text(self.model_card())
             # The repository's transformers-only recipe; without a Hub id it loads the head from this directory.
-            write_custom_generate(output_dir, self.config.hub_model_id or str(output_dir.resolve()))
-            if self.config.push_to_hub:
-                push_head_folder(output_dir, self.config.hub_model_id)
-        self.accelerator.wait_for_everyone()
-        return output_dir
+            write_custom_generate(Path(output_dir), self.args.hub_model_id or str(Path(output_dir).resolve()))
+
+
+def resolve_checkpoint(value: str | bool | None, output_dir: str | os.PathLike) -> str | None:
+    """``resume_from_checkpoint`` as a path: True (or "true") means the output directory's last checkpoint."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if value is True:
+        last = get_last_checkpoint(str(output_dir))
+        if last is None:
+            raise ValueError(f"No checkpoint to resume in {output_dir}; drop `resume_from_checkpoint`.")
+        return last
+    return value or None

@@ -41,12 +41,15 @@ def diversed_policy_loss(
     *,
     clip_eps: float,
     acceptance_coef: float,
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate on the per-token ratio nu_theta / nu_theta_old, plus lambda * mean(w * TV).
 
     All inputs are (T,) over the emitted drafted positions; ``advantages`` is the sequence advantage
     broadcast to its tokens. Acceptance probability at a drafted position is 1 - w * TV(p, q), so
     *minimising* ``acceptance_coef * mean(w * TV)`` lowers w where p and q differ, which raises acceptance.
+    Sums are divided by ``normalizer`` (default: the number of positions given), e.g. this process's share of the
+    positions of a batch split over data-parallel processes.
     """
     eps = torch.finfo(torch.float32).tiny
     nu = mixture_prob(w, p_y, q_y).clamp_min(eps)
@@ -54,7 +57,7 @@ def diversed_policy_loss(
     ratio = nu / nu_old
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    n = max(w.numel(), 1)
+    n = normalizer if normalizer is not None else max(w.numel(), 1)
     policy_loss = -torch.minimum(unclipped, clipped).sum() / n
     regularizer = (w * tv).sum() / n
     loss = policy_loss + acceptance_coef * regularizer
