@@ -14,6 +14,9 @@ beside vLLM's acceptance (accepted over drafted tokens: a rejection ends a block
 sitting (the machine's boot: one sitting shares one host's load and clocks). A rerun skips the phases already there
 (``--remeasure``: those of this sitting only) and times the target alone again where this sitting times a rule without
 it. The report (``results.md``) pairs each method with the target alone at the same concurrency and sitting.
+A method ``RULE@policy`` runs on a server with the draft-length policy (``--policy-costs``, from
+``python -m hf_diversed.integrations.vllm.calibrate``), ``RULE@sched:CUT:K`` on one with vLLM's own batch-size
+schedule (K drafts up to CUT requests in flight, none beyond); each server kind is started once per run.
 
     python benchmarks/bench_vllm.py --vllm-python .venv-vllm/bin/python --tasks gsm8k,mbpp --num-prompts 32 \\
         --max-new-tokens 512 --concurrency 1,8,32 --output-dir docs/vllm/bench
@@ -46,19 +49,30 @@ def _free_port() -> int:
 class Server:
     """vLLM's OpenAI server (the module behind ``vllm serve``) in vLLM's environment, on 127.0.0.1."""
 
-    def __init__(self, args, target: Path, draft: Path | None, dtype: str, log: Path):
+    def __init__(self, args, target: Path, draft: Path | None, dtype: str, log: Path, engine: str = "spec"):
         self.port = _free_port()
+        max_num_seqs = max(args.concurrency)
         command = [
             args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--host",
             "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--max-model-len", str(args.max_model_len),
-            "--served-model-name", "target", "--seed", "0", "--max-num-seqs", str(max(args.concurrency)),
+            "--served-model-name", "target", "--seed", "0", "--max-num-seqs", str(max_num_seqs),
         ]  # fmt: skip
         if not args.compile:
             command.append("--enforce-eager")
+        if args.no_prefix_caching or engine == "policy":
+            command.append("--no-enable-prefix-caching")
         if draft is not None:
             spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.num_draft,
                     "draft_sample_method": "probabilistic"}  # fmt: skip
+            if engine.startswith("sched:"):
+                spec["num_speculative_tokens_per_batch_size"] = hand_schedule(engine, max_num_seqs)
             command += ["--speculative-config", json.dumps(spec)]
+            if engine == "policy":
+                if not args.policy_costs:
+                    raise SystemExit("a method@policy needs --policy-costs (python -m "
+                                     "hf_diversed.integrations.vllm.calibrate writes it): add it.")  # fmt: skip
+                policy = {"step_costs": str(Path(args.policy_costs).resolve())}
+                command += ["--additional-config", json.dumps({"diversed_draft_policy": policy})]
         self.weight_log = log.with_name(log.stem + "-weights.jsonl")
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND":
                args.omp_bind, "HF_DIVERSED_VLLM_WEIGHT_LOG": str(self.weight_log)}  # fmt: skip
@@ -188,8 +202,28 @@ def check_same_machine(phases: list[dict], machine: dict, out: Path) -> None:
             raise SystemExit(f"{out} holds phases run with {was}, this run has {now}: pass a new --output-dir.")
 
 
+def engine_of(method: str) -> str:
+    """The server a method runs on: ``ar`` (the target alone), ``spec`` (N drafts at every step), ``policy``
+    (``RULE@policy``: the draft-length policy) or ``sched:CUT:K`` (``RULE@sched:CUT:K``: vLLM's own batch-size
+    schedule, K drafts up to CUT requests in flight, none beyond)."""
+    if method == "ar":
+        return "ar"
+    return method.split("@", 1)[1] if "@" in method else "spec"
+
+
+def hand_schedule(engine: str, max_num_seqs: int) -> list[list[int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` for ``sched:CUT:K``."""
+    try:
+        _, cut, k = engine.split(":")
+        cut, k = int(cut), int(k)
+    except ValueError:
+        raise SystemExit(f"{engine!r} is not sched:CUT:K (e.g. exact@sched:4:5): fix --methods.") from None
+    return [[1, cut, k]] + ([[cut + 1, max_num_seqs, 0]] if cut < max_num_seqs else [])
+
+
 def _xargs(method: str, task_name: str) -> dict | None:
     """The request's vLLM extra args: none for the target alone, the task's bundled head for ``diversed``."""
+    method = method.split("@", 1)[0]
     if method == "ar":
         return None
     if method == "diversed":
@@ -233,6 +267,8 @@ def run_phase(server: Server, task, rows, prompts, method: str, concurrency: int
         "task": task.name, "method": method, "concurrency": concurrency, "n": len(records), "tokens": tokens,
         "seconds": seconds, "tokens_per_s": tokens / seconds, "drafted": drafted, "accepted": accepted,
         "acceptance": accepted / drafted if drafted else None, "num_draft": args.num_draft,
+        "from_drafts": accepted / tokens if tokens else None, "prefix_caching": not (args.no_prefix_caching or
+                                                                                     engine_of(method) == "policy"),
         "head": (xargs or {}).get("diversed_head"), "weight_positions": positions,
         "mean_w": sum(line["sum_w"] for line in weights) / positions if positions else None,
         "expected_acceptance": sum(line["sum_expected_acceptance"] for line in weights) / positions if positions
@@ -248,9 +284,9 @@ def report(out: Path) -> str:
     from hf_diversed.evaluation.bench import bootstrap_interval, wilson_interval
 
     phases, records = _load(out / "phases.jsonl"), _load(out / "records.jsonl")
-    lines = ["| task | method | c | sitting | in flight | n | tok/s | × target alone | acceptance | "
+    lines = ["| task | method | c | sitting | in flight | n | tok/s | × target alone | acceptance | from drafts | "
              "mean w (per position: mean 1 − w·TV) | quality ×100 [95% CI] | cut at max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     sittings = list(dict.fromkeys(p["sitting"] for p in phases if p.get("sitting")))
 
     def key(r: dict, *names: str) -> tuple:
@@ -275,17 +311,22 @@ def report(out: Path) -> str:
         ratio = f"{p['tokens_per_s'] / base[paired]:.2f}×" if paired in base else "-"
         sitting = number(p) or "-"
         acceptance = "-" if p["acceptance"] is None else f"{100 * p['acceptance']:.1f}%"
+        from_drafts = "-" if p.get("from_drafts") is None else f"{100 * p['from_drafts']:.1f}%"
         cut = sum(r["finish_reason"] == "length" for r in mine) / max(len(mine), 1)
         mean_w = "-" if p.get("mean_w") is None else f"{p['mean_w']:.3f} ({100 * p['expected_acceptance']:.1f}%)"
         in_flight = sum(r["seconds"] for r in mine) / p["seconds"]  # requests' own time over the phase's
         lines.append(
             f"| {p['task']} | {p['method']} | {p['concurrency']} | {sitting} | {in_flight:.1f} | {p['n']} | "
             f"{p['tokens_per_s']:.2f} | {ratio} | "
-            f"{acceptance} | {mean_w} | {quality} | {100 * cut:.0f}% |"
+            f"{acceptance} | {from_drafts} | {mean_w} | {quality} | {100 * cut:.0f}% |"
         )
     machines = sorted({(p.get("gpu") or p.get("cpu", "-"), p.get("cpu_capability"), p.get("dtype"), p.get("threads"),
                         p.get("omp_bind", OMP_BIND)) for p in phases})  # fmt: skip
     lines.append("")
+    lines.append("Acceptance: accepted over drafted tokens; from drafts: the share of the completion tokens that were "
+                 "accepted drafts (a step that drafts nothing emits the target's own sample). Methods: RULE at N "
+                 "drafts every step, RULE@policy with the draft-length policy, RULE@sched:CUT:K with vLLM's "
+                 "batch-size schedule (K drafts up to CUT requests in flight, none beyond).")  # fmt: skip
     lines.append("In flight: the mean number of requests in flight over the phase (the sum of the requests' times, "
                  "queueing included, over the phase's time); a phase with as many prompts as its concurrency drains "
                  "to one request at its end.")  # fmt: skip
@@ -325,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time the phases again in this sitting where the directory has them from another",
     )
+    parser.add_argument("--policy-costs", default=None,
+                        help="step costs for RULE@policy methods (python -m hf_diversed.integrations.vllm.calibrate)")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="start every server with --no-enable-prefix-caching (the policy's server always is)")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)
@@ -363,10 +408,13 @@ def main(argv: list[str] | None = None) -> int:
             data[name] = (task, rows, prompts)
         plan = plan_phases(_load(out / "phases.jsonl"), list(data), args.methods.split(","), args.concurrency,
                            machine["sitting"], args.remeasure)  # fmt: skip
-        for kind, todo in zip(("ar", "spec"), plan, strict=True):
-            if not todo:
-                continue
-            server = Server(args, target, None if kind == "ar" else draft, dtype, out / f"server-{kind}.log")
+        ar, rules = plan
+        engines = {"ar": ar} if ar else {}
+        for phase in rules:
+            engines.setdefault(engine_of(phase[1]), []).append(phase)
+        for engine, todo in engines.items():
+            log = out / f"server-{engine.replace(':', '-')}.log"
+            server = Server(args, target, None if engine == "ar" else draft, dtype, log, engine)
             try:
                 for name, method, concurrency in todo:
                     task, rows, prompts = data[name]

@@ -1189,6 +1189,21 @@ def test_vllm_bench_pairs_each_rule_with_the_target_alone_of_its_own_sitting(mon
     ]  # fmt: skip
 
 
+def test_vllm_bench_runs_each_method_on_its_server_kind(monkeypatch):
+    """A method names the server it needs: the target alone, N drafts every step, the draft-length policy, or
+    vLLM's own batch-size schedule written in vLLM's format."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_vllm
+
+    kinds = [bench_vllm.engine_of(m) for m in ("ar", "exact", "cascade-opt:0.1@policy", "diversed@sched:4:3")]
+    assert kinds == ["ar", "spec", "policy", "sched:4:3"]
+    assert bench_vllm.hand_schedule("sched:4:3", 32) == [[1, 4, 3], [5, 32, 0]]
+    assert bench_vllm.hand_schedule("sched:32:5", 32) == [[1, 32, 5]]
+    assert bench_vllm._xargs("cascade-opt:0.1@policy", "gsm8k") == {"diversed_verifier": "cascade-opt:0.1"}
+    with pytest.raises(SystemExit, match="is not sched:CUT:K"):
+        bench_vllm.hand_schedule("sched:4", 32)
+
+
 def test_vllm_bench_refuses_to_pair_phases_from_another_machine(monkeypatch, tmp_path):
     """benchmarks/bench_vllm.py pairs every phase with the target alone from the same directory, so it resumes only
     on the machine class and setting that wrote it; phases from before the CPU's name was recorded compare the rest,

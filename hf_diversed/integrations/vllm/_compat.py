@@ -29,6 +29,9 @@ What ``install()`` patches, in every vLLM process (the plugin loader runs it in 
   (``RuntimeError: CPU Generator does not use offset``). Where torch's CPU generators lack offsets, such a
   generator's state is saved before sampling and restored instead, which is the rewind vLLM means.
 
+Where an engine's ``additional_config`` names the draft-length policy, ``_scheduling`` patches vLLM's scheduler and
+draft-model proposer (installed here, inside the same version check).
+
 On a GPU vLLM 0.32 runs Model Runner V2 by default: ``_mrv2`` patches it (the mixture rules and heads; lossy SD is
 refused there with the fix). The V1 runner is tested end to end on the CPU backend; MRV2's patched
 verification at the sampler level, with vLLM's Triton kernels (interpreted on a CPU, compiled on a GPU).
@@ -51,7 +54,7 @@ from vllm.exceptions import VLLMValidationError
 
 from ...generation.verification import ExactSD, VerificationRule, parse_token_class_spec
 from ...modeling.distances import total_variation
-from . import _mrv2, heads
+from . import _mrv2, _scheduling, heads
 from .rules import HEAD_KEY, VERIFIER_KEY, RuleError, exact_targets, is_exact, needs_tokenizer, requested, resolve_rule
 
 logger = logging.getLogger(__name__)
@@ -520,5 +523,6 @@ def install() -> None:
     _patch_rejection_sample()
     _patch_expand()
     _mrv2.install(_mrv2_row)
+    _scheduling.install()  # acts only on engines whose additional_config names the draft-length policy
     if _cpu_generators_lack_offsets():
         _patch_generator_rewind()

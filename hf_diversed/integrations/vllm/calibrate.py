@@ -1,0 +1,87 @@
+"""Measure a vLLM engine's step costs for the draft-length policy and write them as JSON (run in vLLM's environment).
+
+The engine is the one to be served (target, draft, N, dtype), with the policy in calibration mode: K cycles through
+0, 1, ..., N from step to step (the draft skipped at K = 0), at each concurrency in turn, and every step's work and
+seconds go to a step log. The decoding steps (no prefill in them) are fitted by ``StepCosts.fit``; the file holds
+the coefficients, the fit's median relative error and the engine's settings::
+
+    python -m hf_diversed.integrations.vllm.calibrate --model TARGET --draft DRAFT --num-draft 5 \\
+        --concurrency 1,2,4,8,16,32 --output step_costs.json
+
+Serve with ``--additional-config '{"diversed_draft_policy": {"step_costs": "step_costs.json"}}'`` (docs/vllm.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from ._scheduling import POLICY_KEY, read_step_log
+from .goodput import StepCosts
+
+PROMPTS = [  # plain prompts: a decoding step's cost depends on how many tokens it runs, not on their text
+    "Write a Python function that returns the n-th Fibonacci number, and explain how it works.",
+    "A train leaves at 9:40 and arrives at 13:15. How long is the journey? Answer step by step.",
+    "Summarise the causes of the French Revolution in a few paragraphs.",
+    "Explain what a hash map is and when to use one instead of a sorted list.",
+]
+
+
+def decoding_steps(path: str | Path, num_draft: int):
+    """The (work, seconds) pairs of a step log's decoding steps: each request runs its last token and at most N
+    drafts (a step with a prompt in it is a prefill's, which the policy does not choose K for)."""
+    lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    keep = [r["target_tokens"] <= r["batch"] * (num_draft + 1) for r in lines]
+    return [pair for pair, kept in zip(read_step_log(path), keep, strict=True) if kept]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="the target (a Hub id or a folder)")
+    parser.add_argument("--draft", required=True, help="the draft model (a Hub id or a folder)")
+    parser.add_argument("--num-draft", type=int, default=5, help="N, the drafts a request at most")
+    parser.add_argument("--concurrency", default="1,2,4,8,16,32", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens a request generates")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--compile", action="store_true", help="let vLLM compile the models (default: eager)")
+    parser.add_argument("--output", required=True, help="the JSON file to write")
+    args = parser.parse_args(argv)
+
+    from vllm import LLM, SamplingParams
+
+    log = Path(tempfile.mkdtemp()) / "steps.jsonl"
+    llm = LLM(
+        model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0, enforce_eager=not args.compile,
+        max_num_seqs=max(args.concurrency), enable_prefix_caching=False,
+        speculative_config={"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.num_draft,
+                            "draft_sample_method": "probabilistic"},
+        additional_config={POLICY_KEY: {"force_k": "cycle", "step_log": str(log)}},
+    )  # fmt: skip
+    params = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True)
+    for concurrency in args.concurrency:
+        prompts = [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(concurrency)]
+        llm.generate(prompts, params, use_tqdm=False)
+        print(f"[calibrate] {concurrency} in flight: done", file=sys.stderr, flush=True)
+    steps = decoding_steps(log, args.num_draft)
+    costs = StepCosts.fit(steps)
+    errors = [abs(costs.seconds(work) - seconds) / seconds for work, seconds in steps]
+    record = {
+        **vars(costs),
+        "fit": {"steps": len(steps), "median_relative_error": statistics.median(errors)},
+        "engine": {"model": args.model, "draft": args.draft, "num_draft": args.num_draft, "dtype": args.dtype,
+                   "compiled": args.compile, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+                   "cores": os.cpu_count()},
+    }  # fmt: skip
+    Path(args.output).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
