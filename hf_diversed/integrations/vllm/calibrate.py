@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--compile", action="store_true", help="let vLLM compile the models (default: eager)")
     parser.add_argument("--output", required=True, help="the JSON file to write")
+    parser.add_argument("--step-log", default=None, help="keep the step log here (default: a temporary file)")
     args = parser.parse_args(argv)
 
     from vllm import LLM, SamplingParams
 
-    log = Path(tempfile.mkdtemp()) / "steps.jsonl"
+    log = Path(args.step_log) if args.step_log else Path(tempfile.mkdtemp()) / "steps.jsonl"
     llm = LLM(
         model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0, enforce_eager=not args.compile,
         max_num_seqs=max(args.concurrency), enable_prefix_caching=False,
