@@ -366,10 +366,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time the phases again in this sitting where the directory has them from another",
     )
-    parser.add_argument("--policy-costs", default=None,
-                        help="step costs for RULE@policy methods (python -m hf_diversed.integrations.vllm.calibrate)")
-    parser.add_argument("--no-prefix-caching", action="store_true",
-                        help="start every server with --no-enable-prefix-caching (the policy's server always is)")
+    parser.add_argument(
+        "--policy-costs",
+        default=None,
+        help="step costs for RULE@policy methods (python -m hf_diversed.integrations.vllm.calibrate)",
+    )
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="start every server with --no-enable-prefix-caching (the policy's server always is)",
+    )
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     out = Path(args.output_dir)

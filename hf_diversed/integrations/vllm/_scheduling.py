@@ -5,8 +5,9 @@ internals (tested with vLLM 0.32 on its CPU backend). Opt-in, per engine, in vLL
 
 What ``install()`` patches, when an engine's ``additional_config`` names the policy:
 
-- ``InputProcessor.__init__`` (the front end, before the engine starts) and ``Scheduler.__init__``: check the engine (draft-model speculation, no prefix caching while the draft may be
-  skipped, no async scheduling, no hand schedule beside it) and puts the policy where vLLM's dynamic speculation
+- ``InputProcessor.__init__`` (the front end, before the engine starts) and ``Scheduler.__init__``: check the
+  engine (draft-model speculation, no prefix caching while the draft may be skipped, no async scheduling, no hand
+  schedule beside it); the scheduler then puts the policy where vLLM's dynamic speculation
   reads its batch-size schedule (``dynamic_sd_lookup[batch_size]``, vLLM's own hook for "K tokens at this batch
   size"), so vLLM's scheduler asks the policy for K at every step: K = argmax_K goodput of the batch's requests,
   each with its running acceptance (``goodput``).
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 POLICY_KEY = "diversed_draft_policy"
 DEFAULT_PRIOR = 0.7  # acceptance assumed for a rule none of whose requests has been verified yet
+CYCLE_HOLD = 4  # steps each K is held for by force_k "cycle"
 _FIELDS = {"step_costs", "skip_draft", "prior", "prior_strength", "step_log", "force_k"}
 
 
@@ -52,8 +54,8 @@ class Policy:
 
     ``step_costs``: the fitted step costs (a JSON file or its dict); ``skip_draft``: skip the draft at K = 0;
     ``prior`` / ``prior_strength``: the Beta prior of a request's acceptance; ``step_log``: a JSON-lines file of
-    each step's work and seconds; ``force_k``: a fixed K at every step, or ``"cycle"`` for K = 0, 1, ..., N, 0, ...
-    step after step (calibration runs, which need steps that differ in their draft work)."""
+    each step's work and seconds; ``force_k``: a fixed K at every step, or ``"cycle"`` for K = 0, 1, ..., N, 0, ...,
+    each held for ``CYCLE_HOLD`` steps (calibration runs, which need steps that differ in their draft work)."""
 
     costs: StepCosts
     skip_draft: bool = True
@@ -80,19 +82,21 @@ def policy_of(vllm_config: Any) -> Policy | None:
     costs = entry.get("step_costs")
     force_k = entry.get("force_k")
     if costs is None and force_k is None:
-        raise RuleError(f'additional_config["{POLICY_KEY}"] needs "step_costs" (a file written by '
-                        "benchmarks/calibrate_vllm_steps.py, or its dict): calibrate this engine first.")  # fmt: skip
+        raise RuleError(
+            f'additional_config["{POLICY_KEY}"] needs "step_costs" (a file written by python -m '
+            "hf_diversed.integrations.vllm.calibrate, or its dict): calibrate this engine first."
+        )
     try:
         if isinstance(costs, Mapping):
-            costs = StepCosts(**{key: float(costs[key]) for key in ("c0", "c_target", "c_pass", "c_draft")})
+            costs = StepCosts.from_dict(dict(costs))
         elif costs is not None:
             costs = StepCosts.from_json(costs)
         else:
             costs = StepCosts(1.0, 0.0, 0.0, 0.0)  # unused: force_k decides every step
     except (OSError, KeyError, TypeError, ValueError) as err:
         raise RuleError(f'additional_config["{POLICY_KEY}"]["step_costs"] cannot be read ({err}): give the file '
-                        "that benchmarks/calibrate_vllm_steps.py wrote, or a dict of c0, c_target, c_pass, c_draft."
-                        ) from None  # fmt: skip
+                        "that python -m hf_diversed.integrations.vllm.calibrate wrote, or a dict of c0, c_target, "
+                        "c_pass, c_draft.") from None  # fmt: skip
     prior = float(entry.get("prior", DEFAULT_PRIOR))
     if not 0.0 <= prior <= 1.0:
         raise RuleError(f'additional_config["{POLICY_KEY}"]["prior"] is an acceptance in [0, 1], got {prior}.')
@@ -190,7 +194,10 @@ class _Lookup:
         self.steps += 1
         if self.policy.force_k is not None:
             forced = self.policy.force_k
-            k = (self.steps - 1) % (self.max_k + 1) if forced == "cycle" else min(forced, self.max_k)
+            if forced == "cycle":  # each K held for a few steps, so that most steps verify what they propose
+                k = (self.steps - 1) // CYCLE_HOLD % (self.max_k + 1)
+            else:
+                k = min(forced, self.max_k)
             self.last = ([], k)
             return k
         # the running queue is scheduled in order (this step's new requests appended): its first batch_size
@@ -253,7 +260,7 @@ def _patch_scheduler() -> None:
             _record_acceptances(self, held[1], scheduler_output, model_runner_output)
         out = original_update(self, scheduler_output, model_runner_output)
         if held is not None and held[0].step_log and self._hf_diversed_step_start is not None:
-            _log_step(held[0], scheduler_output, time.perf_counter() - self._hf_diversed_step_start)
+            _log_step(self, held[0], scheduler_output, time.perf_counter() - self._hf_diversed_step_start)
         return out
 
     original_drafts = Scheduler.update_draft_token_ids
@@ -294,18 +301,22 @@ def _record_acceptances(scheduler: Any, acceptances: _Acceptances, scheduler_out
     acceptances.forget(set(scheduler.requests))
 
 
-def _log_step(policy: Policy, scheduler_output: Any, seconds: float) -> None:
+def _log_step(scheduler: Any, policy: Policy, scheduler_output: Any, seconds: float) -> None:
+    """Append the step's work and seconds: the target's tokens and the tokens of each draft pass (a catch-up pass
+    over the target tokens of the skipped steps before it, then vLLM's first pass and the K - 1 others)."""
     batch = len(scheduler_output.num_scheduled_tokens)
     if batch == 0:
         return
     k = scheduler_output.num_spec_tokens_to_schedule
     target = scheduler_output.total_num_scheduled_tokens
+    missed = getattr(scheduler, "_hf_diversed_missed", 0)
     if k == 0 and policy.skip_draft:
-        work = StepWork(target, 0, 0)
+        passes: tuple[int, ...] = ()
+        scheduler._hf_diversed_missed = missed + target
     else:
-        passes = max(k, 1)
-        work = StepWork(target, passes, target + batch + (passes - 1) * batch)
-    record = {"batch": batch, "k": k, **dataclasses.asdict(work), "seconds": seconds}
+        passes = ((missed,) if missed else ()) + (target + batch,) + (batch,) * (max(k, 1) - 1)
+        scheduler._hf_diversed_missed = 0
+    record = {"batch": batch, "k": k, "target_tokens": target, "draft_passes": list(passes), "seconds": seconds}
     with open(policy.step_log, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -316,7 +327,7 @@ def read_step_log(path: str | Path) -> list[tuple[StepWork, float]]:
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.strip():
             r = json.loads(line)
-            pairs.append((StepWork(r["target_tokens"], r["draft_passes"], r["draft_tokens"]), r["seconds"]))
+            pairs.append((StepWork(r["target_tokens"], tuple(r["draft_passes"])), r["seconds"]))
     return pairs
 
 

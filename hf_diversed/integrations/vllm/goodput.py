@@ -5,18 +5,21 @@ the block; the bonus or resampled token always comes) emits, in a step that veri
 
     E(a, k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)    tokens (E(a, 0) = 1: a plain decoding step).
 
-An engine step costs time linear in its work, fitted from the engine's own measured steps:
+An engine step's seconds, fitted from the engine's own measured steps:
 
-    seconds = c0 + c_target * T + c_pass * P + c_draft * D
+    seconds = c0 + c_target * max(T, k_target) + sum over the draft's passes of (c_pass + c_draft * max(n_p, k_draft))
 
-with T the target's tokens (each request's last token plus the drafts it verifies), P the draft model's forward
-passes and D the tokens those passes run. vLLM's draft-model method, proposing K tokens a request, runs a first
-pass over the step's tokens plus one slot a request, then K - 1 passes of one token a request; at K = 0 vLLM still
-runs the first pass (keeping the draft's cache in step) unless the draft is skipped and catches up later.
+with T the target's tokens (each request's last token plus the drafts it verifies) and n_p the tokens of the draft's
+p-th forward pass. A forward over fewer tokens than its knee k costs what one over k does: small batches are bound by
+reading the weights, not by arithmetic. vLLM's draft-model method, proposing K tokens a request, runs a first pass over
+the step's tokens plus one slot a request, then K - 1 passes of one token a request; at K = 0 vLLM still runs the
+first pass (keeping the draft's cache in step) unless the draft is skipped, and then a catch-up pass over the tokens
+it missed runs when it drafts again.
 
 The policy maximises goodput, the batch's expected tokens per second: K = argmax_K sum_i E(a_i, K) / seconds(B, K),
 then a request keeps its j-th drafted token only while a_i^j, the expected tokens it adds, is worth the target
-time it costs (a_i^j >= c_target * goodput).
+time it costs (a_i^j >= c_target * goodput). A catch-up pass is a transition's cost, not a steady step's: the
+choice leaves it out.
 """
 
 from __future__ import annotations
@@ -50,11 +53,10 @@ def acceptance_estimate(accepted: int, rejections: int, prior: float, strength: 
 
 @dataclass(frozen=True)
 class StepWork:
-    """What one engine step computes: the target's tokens, the draft's forward passes and the draft's tokens."""
+    """What one engine step computes: the target's tokens and the tokens of each of the draft's forward passes."""
 
     target_tokens: int
-    draft_passes: int
-    draft_tokens: int
+    draft_passes: tuple[int, ...] = ()
 
     @classmethod
     def steady(cls, batch: int, k: int, *, draft_runs: bool = True) -> StepWork:
@@ -62,58 +64,77 @@ class StepWork:
         method); with k = 0 the draft runs its first pass unless ``draft_runs`` is False (the draft skipped)."""
         target = batch * (1 + k)
         if k == 0 and not draft_runs:
-            return cls(target, 0, 0)
-        passes = max(k, 1)
-        return cls(target, passes, target + batch + (passes - 1) * batch)
+            return cls(target)
+        return cls(target, (target + batch,) + (batch,) * (max(k, 1) - 1))
+
+
+KNEES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the knees a fit tries
 
 
 @dataclass(frozen=True)
 class StepCosts:
-    """seconds = c0 + c_target * T + c_pass * P + c_draft * D, every coefficient >= 0 (see the module)."""
+    """seconds = c0 + c_target * max(T, k_target) + sum_p (c_pass + c_draft * max(n_p, k_draft)) (see the module)."""
 
     c0: float
     c_target: float
     c_pass: float
     c_draft: float
+    k_target: int = 1
+    k_draft: int = 1
 
     def seconds(self, work: StepWork) -> float:
-        return self.c0 + self.c_target * work.target_tokens + self.c_pass * work.draft_passes + (
-            self.c_draft * work.draft_tokens
-        )
+        draft = sum(self.c_pass + self.c_draft * max(n, self.k_draft) for n in work.draft_passes)
+        return self.c0 + self.c_target * max(work.target_tokens, self.k_target) + draft
 
     @classmethod
     def fit(cls, steps: Iterable[tuple[StepWork, float]]) -> StepCosts:
-        """Least squares with non-negative coefficients (active set: a negative one is dropped and the rest
-        refitted), over measured (work, seconds) pairs; the steps must vary in their draft passes and tokens."""
-        rows, seconds = [], []
-        for work, s in steps:
-            rows.append([1.0, work.target_tokens, work.draft_passes, work.draft_tokens])
-            seconds.append(s)
-        if len(rows) < 4:
-            raise ValueError(f"fitting step costs needs at least 4 measured steps, got {len(rows)}.")
-        x = torch.tensor(rows, dtype=torch.float64)
-        y = torch.tensor(seconds, dtype=torch.float64)
-        active = list(range(4))
-        coef = torch.zeros(4, dtype=torch.float64)
-        while active:
-            solution = torch.linalg.lstsq(x[:, active], y.unsqueeze(1)).solution.squeeze(1)
-            if bool((solution >= 0).all()):
-                coef[active] = solution
-                break
-            active.pop(int(solution.argmin()))
-        return cls(*(float(c) for c in coef))
+        """Least squares on relative errors (each step weighted by 1 / its seconds), every coefficient >= 0
+        (active set: a negative one is dropped and the rest refitted), for each pair of knees in ``KNEES``; the
+        pair with the smallest mean relative error wins. The steps must vary in their draft passes and tokens."""
+        steps = list(steps)
+        if len(steps) < 4:
+            raise ValueError(f"fitting step costs needs at least 4 measured steps, got {len(steps)}.")
+        y = torch.tensor([s for _, s in steps], dtype=torch.float64)
+        weight = 1.0 / y
+        best: tuple[float, StepCosts] | None = None
+        for k_target in KNEES:
+            for k_draft in KNEES:
+                rows = [[1.0, max(w.target_tokens, k_target), len(w.draft_passes),
+                         sum(max(n, k_draft) for n in w.draft_passes)] for w, _ in steps]  # fmt: skip
+                coef = _nonnegative_least_squares(torch.tensor(rows, dtype=torch.float64) * weight[:, None], y * weight)
+                costs = cls(*(float(c) for c in coef), k_target=k_target, k_draft=k_draft)
+                error = sum(abs(costs.seconds(w) - s) / s for w, s in steps) / len(steps)
+                if best is None or error < best[0] - 1e-12:
+                    best = (error, costs)
+        return best[1]
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
     def from_json(cls, path: str | Path) -> StepCosts:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")), str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "step_costs") -> StepCosts:
         missing = {"c0", "c_target", "c_pass", "c_draft"} - set(data)
         if missing:
-            raise ValueError(f"{path} is not a step-cost file (no {', '.join(sorted(missing))}): write it with "
-                             "StepCosts.to_json, or calibrate again.")  # fmt: skip
-        return cls(**{key: float(data[key]) for key in ("c0", "c_target", "c_pass", "c_draft")})
+            raise ValueError(f"{where} is not a step-cost file (no {', '.join(sorted(missing))}): write it with "
+                             "python -m hf_diversed.integrations.vllm.calibrate.")  # fmt: skip
+        return cls(*(float(data[key]) for key in ("c0", "c_target", "c_pass", "c_draft")),
+                   k_target=int(data.get("k_target", 1)), k_draft=int(data.get("k_draft", 1)))  # fmt: skip
+
+
+def _nonnegative_least_squares(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    active = list(range(x.shape[1]))
+    coef = torch.zeros(x.shape[1], dtype=torch.float64)
+    while active:
+        solution = torch.linalg.lstsq(x[:, active], y.unsqueeze(1)).solution.squeeze(1)
+        if bool((solution >= 0).all()):
+            coef[active] = solution
+            break
+        active.pop(int(solution.argmin()))
+    return coef
 
 
 def goodput(acceptances: Sequence[float], k: int, costs: StepCosts, *, draft_runs: bool = True) -> float:
@@ -139,7 +160,7 @@ def best_draft_length(
 
 def drafts_to_verify(a: float, k: int, costs: StepCosts, step_goodput: float) -> int:
     """How many of a request's k drafted tokens to verify: its j-th adds a^j expected tokens for c_target seconds
-    of the target, so keep it while a^j >= c_target * step_goodput (the step's tokens per second)."""
+    of the target (above its knee), so keep it while a^j >= c_target * step_goodput (the step's tokens per second)."""
     threshold = costs.c_target * step_goodput
     kept = 0
     while kept < k and a ** (kept + 1) >= threshold:
@@ -161,5 +182,3 @@ def batch_size_schedule(acceptance: float, costs: StepCosts, max_k: int, max_bat
         else:
             schedule.append([batch, batch, k])
     return schedule
-
-
