@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from hf_diversed import DiversedHeadConfig
 from hf_diversed.modeling.modeling_diversed_head import DiversedHead, position_weights
 from hf_diversed.trainer import DiversedConfig, DiversedTrainer, diversed_policy_loss
-from hf_diversed.trainer.curves import CURVES_FILE, load_history
+from hf_diversed.trainer.curves import CURVES_FILE, by_rollout_batch, load_history
 from hf_diversed.trainer.imitation import fit_head_to_weights, roc_auc
 from hf_diversed.trainer.rollout import Rollout, collect_rollout, collect_rollouts, load_rollouts, rollouts_trace
 
@@ -380,6 +380,28 @@ def test_evaluation_at_a_block_boundary_shares_the_blocks_sampler_call(pair, tmp
     assert merged.untrained_eval == merged._evaluate_head(merged.ref_head)
     assert merged.eval_metrics["trained"] == merged._evaluate_head(_head(merged))
     assert merged.eval_metrics["untrained"] == merged.untrained_eval
+
+
+def test_resume_between_evaluations_draws_the_start_evaluation_alone(pair, tmp_path):
+    """eval_on_start on a run resumed at update 8, between evaluations (every 16): the Trainer evaluates the head at
+    its start, drawn in its own sampler call, so the next block's rollouts, and every update after, are exactly
+    those of the run that went on. Resumed on an evaluation's update, the evaluation shares the block as it did."""
+    extra = dict(num_eval_prompts=3, eval_strategy="steps", eval_on_start=True, save_steps=8)
+    full, full_calls = _recording_trainer(pair, tmp_path / "full", eval_steps=16, **extra)
+    full.train()
+    assert full_calls == [[["eval"], [0], [1]], [[2], [3]], [["eval"]]]
+    resumed, calls = _recording_trainer(pair, tmp_path / "resumed", eval_steps=16, **extra)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "out" / "checkpoint-8"))
+    assert calls == [[["eval"]], [[2], [3]], [["eval"]]]
+    strip = lambda logs: [{k: v for k, v in e.items() if k != "grad_norm"} for e in logs]  # noqa: E731
+    assert strip(_train_logs(resumed)) == strip(_train_logs(full))
+    assert _same(_params(_head(resumed)), _params(_head(full)))
+    on_eval, on_eval_calls = _recording_trainer(pair, tmp_path / "on-eval", eval_steps=8, **extra)
+    on_eval.train()
+    again, again_calls = _recording_trainer(pair, tmp_path / "again", eval_steps=8, **extra)
+    again.train(resume_from_checkpoint=str(tmp_path / "on-eval" / "out" / "checkpoint-8"))
+    assert again_calls == on_eval_calls[1:] == [[["eval"], [2], [3]], [["eval"]]]
+    assert strip(_train_logs(again)) == strip(_train_logs(on_eval))
 
 
 def test_lr_sweep_moves_w_more_with_a_larger_rate(pair, tmp_path, monkeypatch):
@@ -902,3 +924,32 @@ def test_curve_table_command_reads_a_committed_run(capsys):
     with pytest.raises(SystemExit):
         curve_table.main([str(ROOT / "docs")])
     assert "log_history.jsonl does not exist" in capsys.readouterr().err
+
+
+def test_runs_logged_per_update_and_per_batch_overlay_on_rollout_batches(tmp_path, capsys):
+    """A run logged per update (4 updates per rollout batch) is drawn per batch: its first line of each batch, its
+    evaluations at the batch they follow; a run logged per batch is unchanged. The overlay command draws both."""
+    per_update = [{"step": 0, "split": "eval", "reward": 0.5, "acceptance_rate": 0.8, "mean_w": 0.5}]
+    per_update += [{"step": s, "split": "train", "reward": float(s), "acceptance_rate": 0.8, "mean_w": 0.5,
+                    "rollout_batch": float((s - 1) // 4)} for s in range(1, 17)]  # fmt: skip
+    per_update += [{"step": 8, "split": "eval", "reward": 0.25, "acceptance_rate": 0.9, "mean_w": 0.4}]
+    lines = by_rollout_batch(per_update)
+    assert [(h["step"], h["reward"]) for h in lines if h["split"] == "train"] == [(1, 1.0), (2, 5.0), (3, 9.0),
+                                                                                  (4, 13.0)]  # fmt: skip
+    assert [(h["step"], h["reward"]) for h in lines if h["split"] == "eval"] == [(0, 0.5), (2, 0.25)]
+    per_batch = [{**h, "step": i + 1} for i, h in enumerate(h for h in lines if h["split"] == "train")]
+    assert by_rollout_batch(per_batch) == per_batch
+
+    sys.path.insert(0, str(ROOT / "training"))
+    import overlay_curves
+
+    runs = []
+    for name, history in (("a", per_update), ("b", per_batch)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log_history.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+        runs.append(str(tmp_path / name))
+    assert overlay_curves.main([*runs, "--labels", "per update,per batch", "--output", str(tmp_path / "o.png")]) == 0
+    assert (tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        overlay_curves.main([*runs, "--labels", "one", "--output", str(tmp_path / "o.png")])
+    assert "give one label per run" in capsys.readouterr().err

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hf_diversed.trainer.curves import load_history  # noqa: E402
+from hf_diversed.trainer.curves import by_rollout_batch, load_history  # noqa: E402
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -64,12 +64,8 @@ def block_table(history: list[dict], block: int, rollouts_per_step: int | None =
     ``rollout_batch`` (one line per update, several updates per batch) counts rollout batches as steps."""
     if block < 1:
         raise ValueError(f"--block must be a positive number of steps, got {block}.")
-    train = sorted((h for h in history if h.get("split") == "train" and "reward" in h), key=lambda h: h["step"])
-    if any("rollout_batch" in h for h in train):  # logged per update: one line per rollout batch, numbered from 1
-        first = {}
-        for h in train:
-            first.setdefault(int(h["rollout_batch"]), {**h, "step": int(h["rollout_batch"]) + 1})
-        train = sorted(first.values(), key=lambda h: h["step"])
+    train = sorted((h for h in by_rollout_batch(history) if h.get("split") == "train" and "reward" in h),
+                   key=lambda h: h["step"])  # fmt: skip
     if not train:
         return ["No training step logged yet."]
     lines = ["| steps | rollouts | reward (± s.e.) | acceptance | mean w | cut |", "|---|---|---|---|---|---|"]

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["CURVES_FILE", "load_history", "plot_learning_curves"]
+__all__ = ["CURVES_FILE", "by_rollout_batch", "load_history", "plot_learning_curves", "plot_runs"]
 
 CURVES_FILE = "learning_curves.png"
 _PANELS = (("reward", "task reward"), ("acceptance_rate", "acceptance (accepted / drafted)"), ("mean_w", "mean w"))
@@ -55,6 +55,54 @@ def plot_learning_curves(history: str | os.PathLike | list[dict], path: str | os
         axis.set_title(label)
         axis.grid(alpha=0.3)
     figure.axes[0].legend(fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def by_rollout_batch(history: list[dict]) -> list[dict]:
+    """The lines of a history with ``step`` counted in rollout batches, numbered from 1: a run that logs one training
+    line per update (``rollout_batch`` set, several updates per batch) keeps the first line of each batch, and its
+    evaluations' steps are divided by the updates per batch; a run logged per batch is returned as it is."""
+    train = sorted((h for h in history if h.get("split") == "train"), key=lambda h: h["step"])
+    if not any("rollout_batch" in h for h in train):
+        return list(history)
+    first: dict[int, dict] = {}
+    for h in train:
+        first.setdefault(int(h["rollout_batch"]), {**h, "step": int(h["rollout_batch"]) + 1})
+    updates_per_batch = train[-1]["step"] / (int(train[-1]["rollout_batch"]) + 1)
+    evals = [{**h, "step": round(h["step"] / updates_per_batch)} for h in history if h.get("split") == "eval"]
+    return sorted(first.values(), key=lambda h: h["step"]) + evals
+
+
+def plot_runs(runs: dict[str, str | os.PathLike | list[dict]], path: str | os.PathLike) -> Path:
+    """Several runs' reward, acceptance and mean w on one figure, against rollout batches (:func:`by_rollout_batch`):
+    per run, the training batches' running mean over 8 batches (line) and the held-out evaluations (markers)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 3.6), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, len(_PANELS))
+    for (label, history), color in zip(runs.items(), ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=False):
+        lines = by_rollout_batch(load_history(history) if not isinstance(history, list) else history)
+        train = [h for h in lines if h.get("split") == "train"]
+        evals = sorted((h for h in lines if h.get("split") == "eval"), key=lambda h: h["step"])
+        for axis, (key, title) in zip(axes, _PANELS, strict=True):
+            values = [h[key] for h in train if key in h]
+            if values:
+                smooth = [sum(values[max(0, i - 7) : i + 1]) / len(values[max(0, i - 7) : i + 1])
+                          for i in range(len(values))]  # fmt: skip
+                axis.plot([h["step"] for h in train if key in h], smooth, lw=1, alpha=0.6, color=color,
+                          label=f"{label}: training (mean of 8 batches)")  # fmt: skip
+            points = [(h["step"], h[key]) for h in evals if key in h]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="o", ls="--", color=color, label=f"{label}: held-out")
+            axis.set_xlabel("rollout batch")
+            axis.set_title(title)
+            axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

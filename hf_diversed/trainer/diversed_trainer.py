@@ -554,7 +554,12 @@ class DiversedTrainer(Trainer):
         if self.eval_dataset is None or self.args.num_eval_prompts == 0:
             raise ValueError("Evaluation needs `num_eval_prompts` > 0 (and an eval split or `eval_dataset`).")
         head = self.accelerator.unwrap_model(self.model)
-        metrics = self._evaluate_head(head, also_draw_next_block=True)
+        step, every = self.state.global_step, self.state.eval_steps
+        # Only an evaluation the run would make uninterrupted shares the next block's sampler call: the Trainer's
+        # eval_on_start at a resumed step is drawn alone, so the block's rollouts stay those of the uninterrupted run
+        # (rows drawn together share padded batch shapes, which moves the features by rounding).
+        scheduled = step == 0 or (self.args.eval_strategy == "steps" and bool(every) and step % every == 0)
+        metrics = self._evaluate_head(head, also_draw_next_block=scheduled)
         if self.state.global_step == 0:
             self.untrained_eval = dict(metrics)
         self._last_eval = (self.state.global_step, dict(metrics))
