@@ -926,6 +926,24 @@ def test_curve_table_command_reads_a_committed_run(capsys):
     assert "log_history.jsonl does not exist" in capsys.readouterr().err
 
 
+def test_compare_heads_command_pairs_two_methods_on_committed_table1_rows(capsys):
+    """`python training/compare_heads.py RECORDS FIRST SECOND`: the cascade-start GSM8K head against its cascade and
+    against the static-start head on Table 1's 150 rows, as docs/training/gsm8k-full states them."""
+    sys.path.insert(0, str(ROOT / "training"))
+    import compare_heads
+
+    records, head = str(ROOT / "docs/table1/gsm8k"), "docs/training/gsm8k-full/opt0.1-lambda-0.01"
+    assert compare_heads.main([records, head, "cascade-opt:0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "paired over 150 rows: quality -0.7 [-5.3, +4.0] points, acceptance -0.3 [-0.8, +0.2] points" in out
+    assert f"| diversed@{head} | 150 | 38.7 | 85.4% | 0.582 [" in out
+    assert compare_heads.main([records, head, "docs/training/gsm8k-full/lambda-0.01"]) == 0
+    assert "quality +6.7 [-2.0, +15.3] points, acceptance +2.8 [+1.6, +3.9] points" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        compare_heads.main([records, head, "static:0.42"])
+    assert "share no Table 1 row" in capsys.readouterr().err
+
+
 def test_runs_logged_per_update_and_per_batch_overlay_on_rollout_batches(tmp_path, capsys):
     """A run logged per update (4 updates per rollout batch) is drawn per batch: its first line of each batch, its
     evaluations at the batch they follow; a run logged per batch is unchanged. The overlay command draws both."""
