@@ -344,6 +344,23 @@ def test_steps_per_generation_draws_a_block_with_one_head(pair, tmp_path):
         _config(tmp_path, steps_per_generation=2, save_steps=4)
 
 
+def test_a_block_cut_by_max_steps_draws_only_the_batches_it_learns_from(pair, tmp_path):
+    """K = 2, num_iterations 4, max_steps 12: the second block has 4 updates, so it draws one batch and learns from
+    it 4 times (max_steps = batches x num_iterations), rather than drawing two batches and learning from each twice."""
+    config = _config(tmp_path, max_steps=12, acceptance_coef=0.5, steps_per_generation=2, save_steps=8)
+    trainer = _trainer(pair, config, train_dataset=_dataset(6))
+    calls, real_draw = [], trainer._draw
+
+    def draw(parts):
+        calls.append([sorted({key[1] for key in keys}) for _, _, _, keys in parts])
+        return real_draw(parts)
+
+    trainer._draw = draw
+    trainer.train()
+    assert calls == [[[0], [1]], [[2]]]
+    assert [e["rollout_batch"] for e in _train_logs(trainer)] == [0, 1] * 4 + [2] * 4
+
+
 def _recording_trainer(pair, out: Path, **extra) -> tuple[DiversedTrainer, list]:
     """A K = 2 trainer with eval prompts that records, per sampler call, what it drew: "eval" or the batches."""
     config = _config(out, max_steps=16, acceptance_coef=0.5, steps_per_generation=2, **extra)
@@ -957,6 +974,14 @@ def test_runs_logged_per_update_and_per_batch_overlay_on_rollout_batches(tmp_pat
     assert [(h["step"], h["reward"]) for h in lines if h["split"] == "eval"] == [(0, 0.5), (2, 0.25)]
     per_batch = [{**h, "step": i + 1} for i, h in enumerate(h for h in lines if h["split"] == "train")]
     assert by_rollout_batch(per_batch) == per_batch
+    # The trainer's order: blocks of 2 batches trained 4 times (0, 1, 0, 1, ...), the last block cut by max_steps.
+    order = [0, 1] * 4 + [2, 3] * 4 + [4, 5] * 2
+    interleaved = [{"step": s, "split": "train", "reward": float(b), "rollout_batch": float(b)}
+                   for s, b in enumerate(order, start=1)]  # fmt: skip
+    interleaved += [{"step": u, "split": "eval", "reward": 0.0} for u in (0, 8, 16, 20)]
+    lines = by_rollout_batch(interleaved)
+    assert [(h["step"], h["reward"]) for h in lines if h["split"] == "train"] == [(b + 1, float(b)) for b in range(6)]
+    assert [h["step"] for h in lines if h["split"] == "eval"] == [0, 2, 4, 6]
 
     sys.path.insert(0, str(ROOT / "training"))
     import overlay_curves

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_right
 from pathlib import Path
 
 __all__ = ["CURVES_FILE", "by_rollout_batch", "load_history", "plot_learning_curves", "plot_runs"]
@@ -63,17 +64,19 @@ def plot_learning_curves(history: str | os.PathLike | list[dict], path: str | os
 
 def by_rollout_batch(history: list[dict]) -> list[dict]:
     """The lines of a history with ``step`` counted in rollout batches, numbered from 1: a run that logs one training
-    line per update (``rollout_batch`` set, several updates per batch) keeps the first line of each batch, and its
-    evaluations' steps are divided by the updates per batch; a run logged per batch is returned as it is."""
+    line per update (``rollout_batch`` set, each batch trained by several updates, in any order) keeps the first line
+    of each batch, and an evaluation after update u sits at the number of batches first trained by update u; a run
+    logged per batch is returned as it is."""
     train = sorted((h for h in history if h.get("split") == "train"), key=lambda h: h["step"])
     if not any("rollout_batch" in h for h in train):
         return list(history)
     first: dict[int, dict] = {}
     for h in train:
-        first.setdefault(int(h["rollout_batch"]), {**h, "step": int(h["rollout_batch"]) + 1})
-    updates_per_batch = train[-1]["step"] / (int(train[-1]["rollout_batch"]) + 1)
-    evals = [{**h, "step": round(h["step"] / updates_per_batch)} for h in history if h.get("split") == "eval"]
-    return sorted(first.values(), key=lambda h: h["step"]) + evals
+        first.setdefault(int(h["rollout_batch"]), h)
+    starts = sorted(h["step"] for h in first.values())
+    lines = [{**h, "step": batch + 1} for batch, h in first.items()]
+    evals = [{**h, "step": bisect_right(starts, h["step"])} for h in history if h.get("split") == "eval"]
+    return sorted(lines, key=lambda h: h["step"]) + evals
 
 
 def plot_runs(runs: dict[str, str | os.PathLike | list[dict]], path: str | os.PathLike) -> Path:

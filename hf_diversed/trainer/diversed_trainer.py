@@ -381,12 +381,13 @@ class DiversedTrainer(Trainer):
         return out
 
     def _block_parts(self, block: int) -> list[tuple[DiversedHead, list[dict], int, list[tuple]]]:
-        """The rollout batches of generation block ``block`` still to be learned from, drawn by the current head."""
+        """The rollout batches of generation block ``block``, drawn by the current head: K of them, or in a last
+        block cut by ``max_steps`` as many as its updates learn from ``num_iterations`` times each."""
         args = self.args
         updates_left = args.max_steps - block * args.updates_per_generation
         head = self.accelerator.unwrap_model(self.model)
         parts = []
-        for j in range(min(args.steps_per_generation, updates_left)):
+        for j in range(min(args.steps_per_generation, -(-updates_left // args.num_iterations))):
             rows, keys = self._batch_rows(block * args.steps_per_generation + j)
             parts.append((head, rows, args.num_generations, keys))
         return parts
@@ -456,7 +457,7 @@ class DiversedTrainer(Trainer):
     # ---------------------------------------------------------------- updates
     def training_step(self, model, inputs: dict[str, int], num_items_in_batch=None) -> torch.Tensor:
         """Update ``inputs["update"]``: its generation block is drawn at the block's first update (or by the
-        evaluation just before it), then the update learns from batch ``update % steps_per_generation``."""
+        evaluation just before it), then the update learns from the block's batches in turn (``update % steps_per_generation``)."""
         args = self.args
         update = int(inputs["update"])
         block, within = divmod(update, args.updates_per_generation)
@@ -468,8 +469,8 @@ class DiversedTrainer(Trainer):
                 )
             parts = self._block_parts(block)
             self._set_block(block, parts, self._draw(parts))
-        batch = self._batches[within % args.steps_per_generation]
-        index = block * args.steps_per_generation + within % args.steps_per_generation
+        batch = self._batches[within % len(self._batches)]
+        index = block * args.steps_per_generation + within % len(self._batches)
         self._last_update = {**batch["metrics"], "rollout_age": float(within), "rollout_batch": float(index)}
         for key, value in self._last_update.items():
             self._rollout_metrics[key].append(value)
