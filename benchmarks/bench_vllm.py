@@ -40,6 +40,19 @@ SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_nu
 DEFAULT_METHODS = "ar,exact,static:0.5,cascade-opt:0.1,token-class:digits:0.3,diversed"
 
 
+def _policy_settings(text: str) -> dict:
+    """``--policy-settings``: a JSON object; a ``step_log`` path is made absolute (the server runs elsewhere)."""
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err}); give an object such as '{{\"force_k\": 0}}'") from None
+    if not isinstance(settings, dict):
+        raise argparse.ArgumentTypeError(f"give a JSON object such as '{{\"force_k\": 0}}', not {text}")
+    if "step_log" in settings:
+        settings["step_log"] = str(Path(settings["step_log"]).resolve())
+    return settings
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -71,7 +84,7 @@ class Server:
                 if not args.policy_costs:
                     raise SystemExit("a method@policy needs --policy-costs (python -m "
                                      "hf_diversed.integrations.vllm.calibrate writes it): add it.")  # fmt: skip
-                policy = {"step_costs": str(Path(args.policy_costs).resolve())}
+                policy = {"step_costs": str(Path(args.policy_costs).resolve()), **args.policy_settings}
                 command += ["--additional-config", json.dumps({"diversed_draft_policy": policy})]
         self.weight_log = log.with_name(log.stem + "-weights.jsonl")
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND":
@@ -270,6 +283,7 @@ def run_phase(server: Server, task, rows, prompts, method: str, concurrency: int
         "from_drafts": accepted / tokens if tokens else None, "prefix_caching": not (args.no_prefix_caching or
                                                                                      engine_of(method) == "policy"),
         "head": (xargs or {}).get("diversed_head"), "weight_positions": positions,
+        "policy_settings": args.policy_settings if engine_of(method) == "policy" else None,
         "mean_w": sum(line["sum_w"] for line in weights) / positions if positions else None,
         "expected_acceptance": sum(line["sum_expected_acceptance"] for line in weights) / positions if positions
         else None,
@@ -370,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
         "--policy-costs",
         default=None,
         help="step costs for RULE@policy methods (python -m hf_diversed.integrations.vllm.calibrate)",
+    )
+    parser.add_argument(
+        "--policy-settings",
+        default={},
+        type=_policy_settings,
+        help='more settings of the policy\'s server, as JSON (e.g. \'{"step_log": "steps.jsonl"}\' or \'{"force_k": 0}\';'
+        " docs/vllm.md lists them)",
     )
     parser.add_argument(
         "--no-prefix-caching",
