@@ -389,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         "--policy-settings",
         default={},
         type=_policy_settings,
-        help='more settings of the policy\'s server, as JSON (e.g. \'{"step_log": "steps.jsonl"}\' or \'{"force_k": 0}\';'
-        " docs/vllm.md lists them)",
+        help='more settings of the policy\'s server, as JSON (e.g. \'{"step_log": "steps.jsonl"}\' or '
+        '\'{"force_k": 0}\'; docs/vllm.md lists them)',
     )
     parser.add_argument(
         "--no-prefix-caching",

@@ -22,9 +22,11 @@ from hf_diversed.integrations.vllm.goodput import (
     drafts_to_verify,
     expected_tokens,
     goodput,
+    worth_catching_up,
 )
 
 STEP_LOG = Path(__file__).resolve().parents[1] / "docs" / "vllm" / "policy" / "calibration-steps.jsonl"
+SERVED_COSTS = STEP_LOG.with_name("step_costs.json")  # the fit the load runs of docs/vllm/load were served with
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +90,26 @@ def test_the_choice_on_recorded_steps_speculates_alone_and_skips_the_draft_under
     assert best_draft_length([0.85] * 8, costs, 5, draft_runs_at_zero=True) == 1
     # and acceptance moves the choice: at 50% one request is better off without drafts
     assert best_draft_length([0.5], costs, 5, draft_runs_at_zero=False) == 0
+
+
+def test_drafting_again_after_skipped_steps_must_save_more_than_the_catch_up_costs():
+    """R (1 / G_0 - 1 / G_k) > c_pass + c_draft max(M, k_draft), on the costs the load runs were served with: a
+    request alone near its start catches up on its prompt; a draining batch of three near their ends (docs/vllm/load,
+    k0/f1-ba: acceptance 95.7%, 131-token prompts, 256-token budgets) does not catch up on whole prefixes."""
+    costs = StepCosts.from_json(SERVED_COSTS)
+    assert best_draft_length([0.957], costs, 5, draft_runs_at_zero=False) > 0
+    assert worth_catching_up([0.957], 3, costs, remaining_tokens=250, missed_tokens=131)
+    rates = [0.957] * 3
+    k = best_draft_length(rates, costs, 5, draft_runs_at_zero=False)
+    assert k > 0  # the steady model drafts at three requests, as the policy did there
+    assert not worth_catching_up(rates, k, costs, remaining_tokens=3 * 50, missed_tokens=3 * (131 + 200))
+    # the boundary: the remaining tokens at which the saving equals the catch-up pass
+    saving = 1 / goodput(rates, 0, costs, draft_runs=False) - 1 / goodput(rates, k, costs)
+    boundary = costs.draft_pass(993) / saving
+    assert worth_catching_up(rates, k, costs, int(boundary) + 1, 993)
+    assert not worth_catching_up(rates, k, costs, int(boundary), 993)
+    # nothing missed (the draft ran every step) or nothing drafted: no transition to pay for
+    assert worth_catching_up(rates, k, costs, 0, 0) and worth_catching_up(rates, 0, costs, 0, 993)
 
 
 def test_a_request_keeps_a_draft_only_while_its_gain_pays_for_the_target_time(recorded):

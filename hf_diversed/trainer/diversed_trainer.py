@@ -457,7 +457,8 @@ class DiversedTrainer(Trainer):
     # ---------------------------------------------------------------- updates
     def training_step(self, model, inputs: dict[str, int], num_items_in_batch=None) -> torch.Tensor:
         """Update ``inputs["update"]``: its generation block is drawn at the block's first update (or by the
-        evaluation just before it), then the update learns from the block's batches in turn (``update % steps_per_generation``)."""
+        evaluation just before it), then the update learns from the block's batches in turn
+        (``update % steps_per_generation``)."""
         args = self.args
         update = int(inputs["update"])
         block, within = divmod(update, args.updates_per_generation)

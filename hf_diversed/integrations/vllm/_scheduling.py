@@ -10,10 +10,11 @@ What ``install()`` patches, when an engine's ``additional_config`` names the pol
   schedule beside it); the scheduler then puts the policy where vLLM's dynamic speculation
   reads its batch-size schedule (``dynamic_sd_lookup[batch_size]``, vLLM's own hook for "K tokens at this batch
   size"), so vLLM's scheduler asks the policy for K at every step: K = argmax_K goodput of the batch's requests,
-  each with its running acceptance (``goodput``).
+  each with its running acceptance (``goodput``), and 0 where the draft was skipped and catching it up on the tokens
+  it missed costs more than drafting would save over the requests' remaining tokens (``worth_catching_up``).
 - ``Scheduler.update_from_output``: each request's accepted drafted tokens and rejections (its acceptance estimate,
-  pooled per rule as the prior of new requests) and, with ``step_log``, the step's work and seconds (the data that
-  calibrates the step costs).
+  pooled per rule as the prior of new requests), the tokens its draft has missed since it last drafted, and, with
+  ``step_log``, the step's work and seconds (the data that calibrates the step costs).
 - ``Scheduler.update_draft_token_ids``: each request keeps the drafted tokens whose expected gain is worth the
   target time they cost (``goodput.drafts_to_verify``); the rest are never verified, and the position after the
   last kept one is the target's own sample, so it follows p.
@@ -37,7 +38,15 @@ from typing import Any
 
 import torch
 
-from .goodput import StepCosts, StepWork, acceptance_estimate, best_draft_length, drafts_to_verify, goodput
+from .goodput import (
+    StepCosts,
+    StepWork,
+    acceptance_estimate,
+    best_draft_length,
+    drafts_to_verify,
+    goodput,
+    worth_catching_up,
+)
 from .rules import RuleError, requested
 
 logger = logging.getLogger(__name__)
@@ -189,6 +198,7 @@ class _Lookup:
         self.max_k = max_k
         self.last: tuple[list[float], int] = ([], max_k)
         self.steps = 0
+        self.missed: dict[str, int] = {}  # req_id -> tokens the target ran while the request's draft was skipped
 
     def __getitem__(self, batch_size: int) -> int:
         self.steps += 1
@@ -204,8 +214,26 @@ class _Lookup:
         running = [r for r in self.scheduler.running if not r.is_finished()][:batch_size]
         rates = [self.acceptances.of(r) for r in running] or [self.policy.prior] * batch_size
         k = best_draft_length(rates, self.policy.costs, self.max_k, draft_runs_at_zero=not self.policy.skip_draft)
+        if k and self.policy.skip_draft:
+            missed = sum(self.missed.get(r.request_id, 0) for r in running)
+            remaining = sum(max(r.max_tokens - r.num_output_tokens, 0) for r in running)
+            if not worth_catching_up(rates, k, self.policy.costs, remaining, missed):
+                k = 0
         self.last = (rates, k)
         return k
+
+    def record_step(self, scheduler_output: Any, live: Any) -> int:
+        """Note the tokens each scheduled request's draft missed (all of this step's, where the step skipped the
+        draft; none after a step that drafted, which caught it up); returns the step's catch-up tokens."""
+        skipped = scheduler_output.num_spec_tokens_to_schedule == 0 and self.policy.skip_draft
+        catch_up = 0
+        for req_id, tokens in scheduler_output.num_scheduled_tokens.items():
+            missed = self.missed.get(req_id, 0)
+            self.missed[req_id] = missed + tokens if skipped else 0
+            catch_up += 0 if skipped else missed
+        for req_id in [r for r in self.missed if r not in live]:
+            del self.missed[req_id]
+        return catch_up
 
 
 def _patch_front_end() -> None:
@@ -259,8 +287,11 @@ def _patch_scheduler() -> None:
         if held is not None:
             _record_acceptances(self, held[1], scheduler_output, model_runner_output)
         out = original_update(self, scheduler_output, model_runner_output)
-        if held is not None and held[0].step_log and self._hf_diversed_step_start is not None:
-            _log_step(self, held[0], scheduler_output, time.perf_counter() - self._hf_diversed_step_start)
+        if held is not None:
+            catch_up = self.dynamic_sd_lookup.record_step(scheduler_output, self.requests)
+            if held[0].step_log and self._hf_diversed_step_start is not None:
+                seconds = time.perf_counter() - self._hf_diversed_step_start
+                _log_step(held[0], scheduler_output, catch_up, seconds)
         return out
 
     original_drafts = Scheduler.update_draft_token_ids
@@ -301,21 +332,19 @@ def _record_acceptances(scheduler: Any, acceptances: _Acceptances, scheduler_out
     acceptances.forget(set(scheduler.requests))
 
 
-def _log_step(scheduler: Any, policy: Policy, scheduler_output: Any, seconds: float) -> None:
+def _log_step(policy: Policy, scheduler_output: Any, catch_up: int, seconds: float) -> None:
     """Append the step's work and seconds: the target's tokens and the tokens of each draft pass (a catch-up pass
-    over the target tokens of the skipped steps before it, then vLLM's first pass and the K - 1 others)."""
+    over the tokens the batch's drafts missed in the skipped steps before it, then vLLM's first pass and the K - 1
+    others)."""
     batch = len(scheduler_output.num_scheduled_tokens)
     if batch == 0:
         return
     k = scheduler_output.num_spec_tokens_to_schedule
     target = scheduler_output.total_num_scheduled_tokens
-    missed = getattr(scheduler, "_hf_diversed_missed", 0)
     if k == 0 and policy.skip_draft:
         passes: tuple[int, ...] = ()
-        scheduler._hf_diversed_missed = missed + target
     else:
-        passes = ((missed,) if missed else ()) + (target + batch,) + (batch,) * (max(k, 1) - 1)
-        scheduler._hf_diversed_missed = 0
+        passes = ((catch_up,) if catch_up else ()) + (target + batch,) + (batch,) * (max(k, 1) - 1)
     record = {"batch": batch, "k": k, "target_tokens": target, "draft_passes": list(passes), "seconds": seconds}
     with open(policy.step_log, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")

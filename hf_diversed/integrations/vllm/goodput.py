@@ -18,8 +18,10 @@ it missed runs when it drafts again.
 
 The policy maximises goodput, the batch's expected tokens per second: K = argmax_K sum_i E(a_i, K) / seconds(B, K),
 then a request keeps its j-th drafted token only while a_i^j, the expected tokens it adds, is worth the target
-time it costs (a_i^j >= c_target * goodput). A catch-up pass is a transition's cost, not a steady step's: the
-choice leaves it out.
+time it costs (a_i^j >= c_target * goodput). A catch-up pass is a transition's cost, not a steady step's: after
+steps with the draft skipped, drafting again is worth its catch-up over the M tokens the draft missed only if the
+batch's remaining tokens R, held at the steady goodputs, take less time drafted than plain by more than that pass
+costs: R (1 / G_0 - 1 / G_K) > c_pass + c_draft * max(M, k_draft).
 """
 
 from __future__ import annotations
@@ -83,8 +85,12 @@ class StepCosts:
     k_draft: int = 1
 
     def seconds(self, work: StepWork) -> float:
-        draft = sum(self.c_pass + self.c_draft * max(n, self.k_draft) for n in work.draft_passes)
+        draft = sum(self.draft_pass(n) for n in work.draft_passes)
         return self.c0 + self.c_target * max(work.target_tokens, self.k_target) + draft
+
+    def draft_pass(self, tokens: int) -> float:
+        """c_pass + c_draft * max(n, k_draft): one forward pass of the draft over n tokens."""
+        return self.c_pass + self.c_draft * max(tokens, self.k_draft)
 
     @classmethod
     def fit(cls, steps: Iterable[tuple[StepWork, float]]) -> StepCosts:
@@ -156,6 +162,18 @@ def best_draft_length(
         if value > best * (1 + 1e-9):
             best_k, best = k, value
     return best_k
+
+
+def worth_catching_up(
+    acceptances: Sequence[float], k: int, costs: StepCosts, remaining_tokens: int, missed_tokens: int
+) -> bool:
+    """Whether a batch whose draft was skipped should draft k tokens again: its ``remaining_tokens`` R save
+    R (1 / G_0 - 1 / G_k) seconds drafted (G: the steady goodputs, the draft skipped at K = 0), against the catch-up
+    pass over the ``missed_tokens`` M its draft has not run, c_pass + c_draft * max(M, k_draft)."""
+    if missed_tokens <= 0 or k == 0:
+        return True
+    plain, drafted = goodput(acceptances, 0, costs, draft_runs=False), goodput(acceptances, k, costs)
+    return remaining_tokens * (1.0 / plain - 1.0 / drafted) > costs.draft_pass(missed_tokens)
 
 
 def drafts_to_verify(a: float, k: int, costs: StepCosts, step_goodput: float) -> int:
