@@ -5,9 +5,9 @@ target's own) and ``k0-vllm`` (the same with vLLM's rejection sampler at every s
 step without drafts with the plain sampler).
 
 Both engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) under cProfile, one after the other, each
-over the same requests (T = 1, seeded, fixed length); the table gives each run's seconds and the functions whose
-cumulative seconds differ most between the two. A step that drafts nothing should cost what the target's own step
-does (docs/vllm/load/README.md). Run in vLLM's environment, machine alone::
+over the same requests (T = 1, seeded, fixed length); the tables give each run's seconds and the functions whose
+own seconds (cProfile's tottime) differ most from the target alone's. A step that drafts nothing should cost what
+the target's own step does (docs/vllm/load/README.md). Run in vLLM's environment, machine alone::
 
     VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0 .venv-vllm/bin/python benchmarks/profile_vllm_k0.py \\
         --requests 8 --max-tokens 96 --order ar,k0,k0-vllm,ar,k0,k0-vllm
@@ -32,7 +32,7 @@ PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold h
 
 
 def run(engine: str, args) -> tuple[float, int, dict[str, float]]:
-    """(seconds, tokens, cumulative seconds per function) of one engine's decoding of the requests."""
+    """(seconds, tokens, own seconds per function) of one engine's decoding of the requests."""
     from vllm import LLM, SamplingParams
 
     settings = dict(model=args.target, dtype=args.dtype, max_model_len=2048, enforce_eager=True, seed=0,
@@ -59,11 +59,11 @@ def run(engine: str, args) -> tuple[float, int, dict[str, float]]:
     profile.disable()
     seconds = time.perf_counter() - start
     stats = pstats.Stats(profile).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
-    cumulative = {f"{Path(f).name}:{line}({name})": ct for (f, line, name), (_, _, _, ct, _) in stats.items()}
+    own = {f"{Path(f).name}:{line}({name})": tt for (f, line, name), (_, _, tt, _, _) in stats.items()}
     del llm
     gc.collect()
     _compat.verifies_drafts = verifies_drafts
-    return seconds, sum(len(o.outputs[0].token_ids) for o in outs), cumulative
+    return seconds, sum(len(o.outputs[0].token_ids) for o in outs), own
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,14 +83,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.requests} requests x {args.max_tokens} tokens, K = 0 requests' rule {args.rule}")  # fmt: skip
     runs = []
     for engine in args.order.split(","):
-        seconds, tokens, cumulative = run(engine, args)
-        runs.append((engine, seconds, tokens, cumulative))
+        seconds, tokens, own = run(engine, args)
+        runs.append((engine, seconds, tokens, own))
     print("\n| run | engine | seconds | tok/s |\n|---|---|---|---|")
     for i, (engine, seconds, tokens, _) in enumerate(runs, 1):
         print(f"| {i} | {engine} | {seconds:.2f} | {tokens / seconds:.2f} |")
     mean: dict[str, dict[str, list[float]]] = {}
-    for engine, _, _, cumulative in runs:
-        for name, ct in cumulative.items():
+    for engine, _, _, own in runs:
+        for name, ct in own.items():
             mean.setdefault(engine, {}).setdefault(name, []).append(ct)
     avg = {e: {n: sum(v) / len(v) for n, v in m.items()} for e, m in mean.items()}
     engines = list(avg)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         functions = set().union(*avg.values())
         spread = {n: max(abs(avg[e].get(n, 0.0) - avg["ar"].get(n, 0.0)) for e in engines) for n in functions}
         names = sorted(spread, key=lambda n: -spread[n])
-        print("\nFunctions whose cumulative seconds differ most from the target alone's (mean over runs):\n")
+        print("\nFunctions whose own seconds differ most from the target alone's (mean over runs):\n")
         print("| function | " + " | ".join(f"{e} s" for e in engines) + " |\n|---|" + "---|" * len(engines))
         for name in names[: args.top]:
             print(f"| {name} | " + " | ".join(f"{avg[e].get(name, 0.0):.2f}" for e in engines) + " |")
