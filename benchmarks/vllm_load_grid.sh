@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Every rule at every load in vLLM (docs/vllm.md, "Under load"): the target alone, exact SD, cascade-opt 0.1 and the
+# task's bundled head at fixed N = 5, the same three with the draft-length policy, and vLLM's own batch-size schedule
+# (K drafts up to CUT requests in flight, none beyond): a small grid (CUT in CUTS, K 3 or 5) on one rule (GRID_RULE),
+# and the schedules chosen from it (SCHEDULES, e.g. sched:4:5) for every rule. One bench_vllm invocation per concurrency,
+# so that a rule's phases and the target alone's at that concurrency run minutes apart in one sitting. Each
+# invocation resumes where it stopped (phases already in the directory are skipped); with COMMIT=1 the records are
+# committed after each one.
+#
+#   bash benchmarks/vllm_load_grid.sh gsm8k 1,2,4,8,16,32    # from the repository root, after docs/vllm.md's install
+#   COMMIT=1 SCHEDULES=sched:4:5 bash benchmarks/vllm_load_grid.sh mbpp 1,8,32
+#
+# 8 prompts at 1 and 2 in flight, 32 from 4 on; T = 1, 256 new tokens. A schedule with CUT >= c drafts K at every step
+# of a phase at concurrency c, so at c its cuts from c on are one configuration: the grid runs each (CUT, K) only at
+# the concurrencies where it differs from every smaller cut (CUT = c is the one that drafts throughout).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TASK=${1:?usage: bash benchmarks/vllm_load_grid.sh gsm8k|mbpp CONCURRENCIES [RULES]}
+LOADS=${2:?give the concurrencies, e.g. 1,2,4,8,16,32}
+RULES=${3:-exact,cascade-opt:0.1,diversed}
+OUT=${OUT:-docs/vllm/grid}
+COSTS=${COSTS:-docs/vllm/policy/step_costs-2026-12-06.json}
+CUTS=${CUTS:-2,4,8,16}
+GRID_RULE=${GRID_RULE-cascade-opt:0.1}
+SCHEDULES=${SCHEDULES:-}
+export VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0 OMP_NUM_THREADS=2
+
+for c in ${LOADS//,/ }; do
+    prompts=$((c <= 2 ? 8 : 32))
+    methods=ar
+    for rule in ${RULES//,/ }; do
+        methods+=",$rule,$rule@policy"
+        for engine in ${SCHEDULES//,/ }; do
+            methods+=",$rule@$engine"
+        done
+    done
+    for rule in ${GRID_RULE//,/ }; do
+        for k in 3 5; do
+            for cut in ${CUTS//,/ }; do
+                # cuts below c each differ (the phase drains through them); the smallest cut >= c drafts throughout
+                if ((cut < c)); then
+                    [[ ",$SCHEDULES," == *",sched:$cut:$k,"* ]] || methods+=",$rule@sched:$cut:$k"
+                elif ((k == 3)); then # at K = 5 it is fixed N = 5, run above
+                    [[ ",$SCHEDULES," == *",sched:$cut:$k,"* ]] || methods+=",$rule@sched:$cut:$k"
+                    break
+                else
+                    break
+                fi
+            done
+        done
+    done
+    ${DRY:+echo} python benchmarks/bench_vllm.py --tasks "$TASK" --max-new-tokens 256 --num-prompts "$prompts" --concurrency "$c" \
+        --no-prefix-caching --policy-costs "$COSTS" --output-dir "$OUT/$TASK-c$c" --methods "$methods"
+    if [[ "${COMMIT:-0}" == 1 ]]; then
+        git add "$OUT/$TASK-c$c" && git commit -q -m "docs/vllm/grid: $TASK at $c in flight" -- "$OUT/$TASK-c$c" || true
+    fi
+done
