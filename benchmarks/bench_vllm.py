@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         default={},
         type=_policy_settings,
         help='more settings of the policy\'s server, as JSON (e.g. \'{"step_log": "steps.jsonl"}\' or '
-        '\'{"force_k": 0}\'; docs/vllm.md lists them)',
+        "'{\"force_k\": 0}'; docs/vllm.md lists them)",
     )
     parser.add_argument(
         "--no-prefix-caching",

@@ -1204,6 +1204,44 @@ def test_vllm_bench_runs_each_method_on_its_server_kind(monkeypatch):
         bench_vllm.hand_schedule("sched:4", 32)
 
 
+def test_vllm_grid_report_reads_each_schedule_where_it_runs_and_chooses_the_best(tmp_path, monkeypatch):
+    """benchmarks/vllm_grid_report.py: at c, sched:CUT:K with CUT >= c is fixed N (K = N) or the phase of the
+    smallest cut >= c (K < N); the best (CUT, K) has the highest geometric mean of x target alone over the loads."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import vllm_grid_report
+
+    def phase(method, c, tokens_per_s, sitting="s"):
+        return {"task": "gsm8k", "method": method, "concurrency": c, "tokens_per_s": tokens_per_s, "num_draft": 5,
+                "acceptance": None if method == "ar" else 0.8, "from_drafts": 0.5, "sitting": sitting}  # fmt: skip
+
+    rule = "cascade-opt:0.1"
+    c1 = [phase("ar", 1, 4.0), phase(rule, 1, 8.0), phase(f"{rule}@policy", 1, 7.0), phase(f"{rule}@sched:2:3", 1, 6.0)]
+    c8 = [
+        phase("ar", 8, 20.0),
+        phase(rule, 8, 15.0),
+        phase(f"{rule}@policy", 8, 19.6),
+        phase(f"{rule}@sched:2:3", 8, 19.0),
+        phase(f"{rule}@sched:2:5", 8, 18.0),
+        phase(f"{rule}@sched:4:3", 8, 18.5),
+        phase(f"{rule}@sched:4:5", 8, 17.0),
+        phase("ar", 8, 40.0, "other"),
+    ]
+    for name, phases in (("gsm8k-c1", c1), ("gsm8k-c8", c8)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "phases.jsonl").write_text("".join(json.dumps(p) + "\n" for p in phases))
+    table = vllm_grid_report.ratios(vllm_grid_report.load_phases(tmp_path))
+    assert table[("gsm8k", 8, rule)]["ratio"] == 0.75  # paired with its own sitting's target alone
+    cuts, ks = vllm_grid_report.schedules_in(c1 + c8)
+    at = lambda c, cut, k: vllm_grid_report.schedule_ratio(table, "gsm8k", c, rule, cut, k, cuts, 5)  # noqa: E731
+    assert (at(1, 4, 5), at(1, 4, 3), at(8, 2, 3)) == (2.0, 1.5, 0.95)
+    # geometric means: 2:3 sqrt(1.5 x 0.95), 2:5 sqrt(2 x 0.9), 4:3 sqrt(1.5 x 0.925), 4:5 sqrt(2 x 0.85)
+    assert vllm_grid_report.best_schedule(table, "gsm8k", rule, [1, 8], cuts, ks, 5) == (2, 5)
+    text = vllm_grid_report.report(tmp_path, "gsm8k", rule)
+    assert "sched:2:5" in text
+    row = next(line for line in text.splitlines() if line.startswith("| gsm8k | 8 |"))
+    assert row.split(" | ")[4:] == ["0.75×", "0.98× (80.0%; 50.0%)", "0.90×", "0.98 |"]  # 0.98 / max(1, 0.9)
+
+
 def test_vllm_bench_refuses_to_pair_phases_from_another_machine(monkeypatch, tmp_path):
     """benchmarks/bench_vllm.py pairs every phase with the target alone from the same directory, so it resumes only
     on the machine class and setting that wrote it; phases from before the CPU's name was recorded compare the rest,

@@ -7,7 +7,9 @@ relate it to TV, to whether the two models agree on the next token, and to a tok
 
 :func:`reward_push` asks the question before any training: on rollouts with their rewards, which way does the
 trainer's loss push w on a rule's exact positions and elsewhere, and how hard, from the task reward and from the
-acceptance regularizer?
+acceptance regularizer? :func:`maximal_coupling` draws the target's and the draft's token at one position together
+(the branch pairs of ``training/signal_budget.py``), and :func:`gradient_noise_scale` states how many rollouts a
+gradient needs before its signal outweighs its noise.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..modeling.modeling_diversed_head import position_weights
 from .imitation import roc_auc
 from .rollout import rollouts_trace, rule_weights
 
-__all__ = ["head_diagnostics", "reward_push"]
+__all__ = ["gradient_noise_scale", "head_diagnostics", "maximal_coupling", "reward_push"]
 
 
 def _corr(a: torch.Tensor, b: torch.Tensor) -> float | None:
@@ -121,4 +123,55 @@ def reward_push(
             "lambda_balance": push / tv if tv > 0 else None,
             **{f"net_push_at_{lam:g}": push - lam * tv for lam in acceptance_coefs},
         }
+    return out
+
+
+def maximal_coupling(
+    p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draws (y_p, y_q) per row, y_p ~ p and y_q ~ q, equal with the largest probability any coupling allows,
+    sum_y min(p, q)(y) = 1 - TV(p, q).
+
+    With that probability both are one draw from norm(min(p, q)); otherwise y_p ~ norm(max(p - q, 0)) and
+    y_q ~ norm(max(q - p, 0)), whose supports are disjoint, so the pair differs exactly when it is not the common
+    draw. ``p``, ``q``: (n, V) rows of probabilities; returns two (n,) int64 tensors."""
+    p, q = p.double(), q.double()
+    common = torch.minimum(p, q)
+    overlap = common.sum(-1)
+    tiny = torch.finfo(torch.float64).tiny
+    shared = torch.multinomial(common.clamp_min(0) + tiny * (overlap[:, None] <= 0), 1, generator=generator)[:, 0]
+    only_p = torch.multinomial((p - q).clamp_min(0) + tiny, 1, generator=generator)[:, 0]
+    only_q = torch.multinomial((q - p).clamp_min(0) + tiny, 1, generator=generator)[:, 0]
+    same = torch.rand(p.shape[0], dtype=torch.float64, generator=generator) < overlap
+    return torch.where(same, shared, only_p), torch.where(same, shared, only_q)
+
+
+def gradient_noise_scale(grads: torch.Tensor, batch_size: int) -> dict[str, float | None]:
+    """How much of a batch gradient is signal, from ``grads`` (n, P): one gradient per rollout, each scaled so that
+    a step's gradient is the mean of its ``batch_size`` rollouts'.
+
+    With mu their mean and Sigma their covariance, a step's gradient has signal |mu|^2 and noise tr(Sigma) / B.
+    |mu|^2 is estimated without bias by the mean of g_i . g_j over pairs i != j (a 95% interval beside it, from the
+    jackknife's standard error); ``noise_scale`` = tr(Sigma) / |mu|^2 is the batch at which they are equal
+    (McCandlish et al. 2018's simple noise scale), ``step_snr`` = |mu| / sqrt(tr(Sigma) / B) one step's
+    signal-to-noise, and ``steps_for_snr_2`` the number of such steps whose summed gradients reach a
+    signal-to-noise of 2 (4 tr(Sigma) / (B |mu|^2)). Where the estimate of |mu|^2 is not positive the gradient
+    shows no signal at this n: the three are None."""
+    grads = grads.double()
+    n = grads.shape[0]
+    if n < 3:
+        raise ValueError(f"gradient_noise_scale needs at least 3 per-rollout gradients, got {n}.")
+    gram = grads @ grads.T  # (n, n): every statistic below comes from it, however many parameters
+    total, diagonal, rows = gram.sum(), gram.diagonal(), gram.sum(1)
+    signal = float((total - diagonal.sum()) / (n * (n - 1)))
+    noise = float((diagonal.sum() - total / n) / (n - 1))  # tr(Sigma_hat)
+    left_out = (total - 2 * rows + diagonal - (diagonal.sum() - diagonal)) / ((n - 1) * (n - 2))
+    error = float(((n - 1) / n * (left_out - left_out.mean()).pow(2).sum()).sqrt())
+    out: dict[str, float | None] = {"rollouts": n, "batch_size": batch_size, "signal": signal,
+                                    "signal_low": signal - 1.96 * error, "signal_high": signal + 1.96 * error,
+                                    "noise": noise}  # fmt: skip
+    found = signal > 0 and noise > 0
+    out["noise_scale"] = noise / signal if found else None
+    out["step_snr"] = (signal / (noise / batch_size)) ** 0.5 if found else None
+    out["steps_for_snr_2"] = 4 * noise / (batch_size * signal) if found else None
     return out
