@@ -317,7 +317,7 @@ def measure(config, args, target, draft, tokenizer, draw_block, sweep_config, **
         p, q = laws_of(items[i])
         for j, t in chosen:
             if j == i:
-                laws["p"][(i, t)], laws["q"][(i, t)] = p[t], q[t]
+                laws["p"][(i, t)], laws["q"][(i, t)] = p[t].clone(), q[t].clone()  # a view would keep (T, V)
 
     from hf_diversed.trainer.objective import reinforce_pp_advantages
 
