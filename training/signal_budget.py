@@ -35,6 +35,7 @@ from types import SimpleNamespace
 import torch
 from trl import TrlParser
 
+from hf_diversed.evaluation.bench.summary import bootstrap_interval
 from hf_diversed.trainer import DiversedConfig, DiversedTrainer
 from hf_diversed.trainer.analysis import gradient_noise_scale, maximal_coupling
 
@@ -100,13 +101,6 @@ def choose_branches(tvs: list[torch.Tensor], quantile: float, per_rollout: int, 
         picks = above[torch.randperm(above.numel(), generator=generator)[:per_rollout]].sort().values
         chosen += [(i, int(t)) for t in picks]
     return threshold, chosen
-
-
-def _bootstrap_mean(values: list[float], resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
-    x = torch.tensor(values, dtype=torch.float64)
-    picks = torch.randint(len(x), (resamples, len(x)), generator=torch.Generator().manual_seed(seed))
-    low, high = torch.quantile(x[picks].mean(1), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return float(x.mean()), low, high
 
 
 def load_branches(path: Path) -> dict[tuple[int, int], dict]:
@@ -186,7 +180,8 @@ def summarise(steps, rewards, grads_reward, grads_total, branches, threshold, de
     out["reward_signal_norm"] = math.sqrt(max(out["reward_gradient"]["signal"], 0.0))
     deltas = [0.0 if b["rewards"] is None else b["rewards"][0] - b["rewards"][1] for b in branches]
     differ = [b for b in branches if b["rewards"] is not None]
-    mean, low, high = _bootstrap_mean(deltas) if deltas else (None, None, None)
+    mean = sum(deltas) / len(deltas) if deltas else None
+    low, high = bootstrap_interval(deltas) or (None, None)
     out["branches"] = {
         "positions": len(branches), "differ": len(differ), "mean_tv": sum(b["tv"] for b in branches) /
         max(len(branches), 1), "mean_delta": mean, "delta_low": low, "delta_high": high,
