@@ -6,6 +6,7 @@ backend, bf16, the draft's K cycled from step to step at 1 to 32 requests in fli
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from hf_diversed.integrations.vllm.goodput import (
 
 STEP_LOG = Path(__file__).resolve().parents[1] / "docs" / "vllm" / "policy" / "calibration-steps.jsonl"
 SERVED_COSTS = STEP_LOG.with_name("step_costs.json")  # the fit the load runs of docs/vllm/load were served with
+LONG_LOG = STEP_LOG.with_name("calibration-steps-256tok.jsonl")  # 256 tokens a request, each step with its batch
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,8 @@ def test_step_costs_fit_recovers_the_coefficients_and_knees_of_known_costs():
         assert getattr(fitted, name) == pytest.approx(getattr(known, name), rel=1e-6, abs=1e-9)
     # a coefficient the data pushes below zero is dropped, not returned negative
     negative = [(work, 0.1 + 0.01 * work.target_tokens - 0.001 * len(work.draft_passes)) for work in works]
-    assert min(v for v in vars(StepCosts.fit(negative)).values()) >= 0.0
+    fitted = StepCosts.fit(negative)
+    assert min(getattr(fitted, name) for name in ("c0", "c_target", "c_pass", "c_draft")) >= 0.0
     with pytest.raises(ValueError, match="at least 4"):
         StepCosts.fit([(works[0], 1.0)] * 3)
 
@@ -135,3 +138,58 @@ def test_batch_size_schedule_is_vllms_format_with_ranges_merged(recorded, tmp_pa
     path.write_text(json.dumps({"c0": 1}))
     with pytest.raises(ValueError, match="not a step-cost file"):
         StepCosts.from_json(path)
+
+
+def test_calibration_refits_recorded_step_logs_without_an_engine(tmp_path, capsys):
+    """``calibrate --from-step-logs``: the decoding steps of the logs given, fitted as a calibration's own are; a
+    missing log is named in one line."""
+    from hf_diversed.integrations.vllm import calibrate
+
+    out = tmp_path / "costs.json"
+    assert calibrate.main(["--from-step-logs", str(STEP_LOG), "--output", str(out)]) == 0
+    assert _same(StepCosts.from_json(out), StepCosts.fit(decoding_steps(STEP_LOG, num_draft=5)))
+    record = json.loads(out.read_text())
+    assert record["engine"]["step_logs"] == [str(STEP_LOG)] and record["fit"]["steps"] > 100
+    with pytest.raises(SystemExit):
+        calibrate.main(["--from-step-logs", str(tmp_path / "none.jsonl"), "--output", str(out)])
+    assert "no step log at" in capsys.readouterr().err
+
+
+def test_measured_steady_steps_set_the_ratio_of_their_batch_and_k():
+    """r(B, K) makes a steady step cost its measured median; other batches are interpolated, the nearest measured
+    one beyond them, and a K never measured keeps the model's seconds."""
+    known = StepCosts(c0=0.1, c_target=0.01, c_pass=0.05, c_draft=0.002)
+    steps = [(StepWork.steady(b, 2), known.seconds(StepWork.steady(b, 2)) * r) for b, r in ((2, 1.2), (6, 0.8))]
+    steps = steps * 3 + [(StepWork.steady(4, 1), 9.0)] * 2  # below MIN_STEADY: no ratio
+    steps.append((StepWork(12, (16, 4)), 5.0))  # its batch unknown: not a steady step
+    costs = known.with_steady_ratios(steps)
+    assert costs.steady_ratios == ((2, 2, pytest.approx(1.2)), (6, 2, pytest.approx(0.8)))
+    assert costs.steady_seconds(2, 2) == pytest.approx(steps[0][1])
+    assert costs.ratio(4, 2) == pytest.approx(1.0) and costs.ratio(1, 2) == pytest.approx(1.2)
+    assert costs.ratio(32, 2) == pytest.approx(0.8) and costs.ratio(4, 1) == 1.0
+    assert StepWork.steady(4, 0, draft_runs=False).steady_k() == 0 and StepWork(8, (12,), 4).steady_k() == 1
+    assert StepWork(8, (12, 4), 4).steady_k() is None  # verifies one draft, proposes two: a change of K
+
+
+def test_the_choice_on_the_engines_measured_steps_at_served_lengths():
+    """On the real pair's 256-token calibration (docs/vllm/policy/calibration-steps-256tok.jsonl): the fitted form
+    alone drafts at 4 in flight, where the engine's own steady steps (4 requests: 0.17 s plain, 0.37 s with one
+    draft) make the target's step the faster at 85% acceptance; one request still drafts, 6 or more skip the draft."""
+    steps = decoding_steps(LONG_LOG, num_draft=5)
+    costs = StepCosts.fit(steps)
+    form = dataclasses.replace(costs, steady_ratios=())
+    assert best_draft_length([0.85] * 4, form, 5, draft_runs_at_zero=False) == 1
+    assert best_draft_length([0.85] * 4, costs, 5, draft_runs_at_zero=False) == 0
+    measured = sorted(s for w, s in steps if w.batch == 4 and w.steady_k() == 0)
+    assert costs.steady_seconds(4, 0, draft_runs=False) == pytest.approx(measured[(len(measured) - 1) // 2])
+    assert best_draft_length([0.85], costs, 5, draft_runs_at_zero=False) >= 2
+    for batch in (6, 8, 16, 32):
+        assert best_draft_length([0.946] * batch, costs, 5, draft_runs_at_zero=False) == 0
+    assert _same(StepCosts.from_json(LONG_LOG.with_name("step_costs-256tok.json")), costs)
+
+
+def _same(a: StepCosts, b: StepCosts) -> bool:
+    """Equal costs up to the last digits a least-squares solve may move between runs."""
+    flat = [[*(getattr(c, f) for f in ("c0", "c_target", "c_pass", "c_draft", "k_target", "k_draft")),
+             *(x for row in c.steady_ratios for x in row)] for c in (a, b)]  # fmt: skip
+    return flat[0] == pytest.approx(flat[1], rel=1e-9)

@@ -356,7 +356,7 @@ def read_step_log(path: str | Path) -> list[tuple[StepWork, float]]:
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.strip():
             r = json.loads(line)
-            pairs.append((StepWork(r["target_tokens"], tuple(r["draft_passes"])), r["seconds"]))
+            pairs.append((StepWork(r["target_tokens"], tuple(r["draft_passes"]), r.get("batch")), r["seconds"]))
     return pairs
 
 

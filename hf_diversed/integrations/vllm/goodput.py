@@ -11,7 +11,11 @@ An engine step's seconds, fitted from the engine's own measured steps:
 
 with T the target's tokens (each request's last token plus the drafts it verifies) and n_p the tokens of the draft's
 p-th forward pass. A forward over fewer tokens than its knee k costs what one over k does: small batches are bound by
-reading the weights, not by arithmetic. vLLM's draft-model method, proposing K tokens a request, runs a first pass over
+reading the weights, not by arithmetic. A steady step of B requests drafting K each (the steps the policy chooses
+between) is then scaled by r(B, K), the median of its measured seconds over the model's where the calibration ran that
+step at least 3 times (linear in B between measured batches, 1 where K was never measured): the fitted form ranks K
+within a few per cent, and at some batch sizes the engine departs from any smooth form (here 4 requests decode faster
+than 1). vLLM's draft-model method, proposing K tokens a request, runs a first pass over
 the step's tokens plus one slot a request, then K - 1 passes of one token a request; at K = 0 vLLM still runs the
 first pass (keeping the draft's cache in step) unless the draft is skipped, and then a catch-up pass over the tokens
 it missed runs when it drafts again.
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -55,10 +59,20 @@ def acceptance_estimate(accepted: int, rejections: int, prior: float, strength: 
 
 @dataclass(frozen=True)
 class StepWork:
-    """What one engine step computes: the target's tokens and the tokens of each of the draft's forward passes."""
+    """What one engine step computes: the target's tokens and the tokens of each of the draft's forward passes
+    (``batch``: its requests, where known)."""
 
     target_tokens: int
     draft_passes: tuple[int, ...] = ()
+    batch: int | None = None
+
+    def steady_k(self) -> int | None:
+        """K where this is a steady step of its batch (every request verifies K drafts and proposes K more, the
+        draft skipped at K = 0), else None."""
+        if not self.batch or self.target_tokens % self.batch:
+            return None
+        k = self.target_tokens // self.batch - 1
+        return k if self == StepWork.steady(self.batch, k, draft_runs=k > 0) else None
 
     @classmethod
     def steady(cls, batch: int, k: int, *, draft_runs: bool = True) -> StepWork:
@@ -66,11 +80,12 @@ class StepWork:
         method); with k = 0 the draft runs its first pass unless ``draft_runs`` is False (the draft skipped)."""
         target = batch * (1 + k)
         if k == 0 and not draft_runs:
-            return cls(target)
-        return cls(target, (target + batch,) + (batch,) * (max(k, 1) - 1))
+            return cls(target, batch=batch)
+        return cls(target, (target + batch,) + (batch,) * (max(k, 1) - 1), batch=batch)
 
 
 KNEES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the knees a fit tries
+MIN_STEADY = 3  # measured steps of one (batch, K) that set its ratio
 
 
 @dataclass(frozen=True)
@@ -83,10 +98,29 @@ class StepCosts:
     c_draft: float
     k_target: int = 1
     k_draft: int = 1
+    steady_ratios: tuple[tuple[int, int, float], ...] = ()  # (B, K, r(B, K)) where measured
 
     def seconds(self, work: StepWork) -> float:
         draft = sum(self.draft_pass(n) for n in work.draft_passes)
         return self.c0 + self.c_target * max(work.target_tokens, self.k_target) + draft
+
+    def steady_seconds(self, batch: int, k: int, *, draft_runs: bool = True) -> float:
+        """The seconds of a steady step of ``batch`` requests drafting k each: the model's, times r(B, K)."""
+        seconds = self.seconds(StepWork.steady(batch, k, draft_runs=draft_runs))
+        return seconds if k == 0 and draft_runs else seconds * self.ratio(batch, k)
+
+    def ratio(self, batch: int, k: int) -> float:
+        """r(B, K): measured over modelled seconds of the steady step, linear in B between measured batches, the
+        nearest one's beyond them, 1 where K was never measured."""
+        points = sorted((b, r) for b, kk, r in self.steady_ratios if kk == k)
+        if not points:
+            return 1.0
+        below = [p for p in points if p[0] <= batch]
+        above = [p for p in points if p[0] >= batch]
+        if not below or not above:
+            return (below or above)[-1 if below else 0][1]
+        (b0, r0), (b1, r1) = below[-1], above[0]
+        return r0 if b1 == b0 else r0 + (r1 - r0) * (batch - b0) / (b1 - b0)
 
     def draft_pass(self, tokens: int) -> float:
         """c_pass + c_draft * max(n, k_draft): one forward pass of the draft over n tokens."""
@@ -112,7 +146,19 @@ class StepCosts:
                 error = sum(abs(costs.seconds(w) - s) / s for w, s in steps) / len(steps)
                 if best is None or error < best[0] - 1e-12:
                     best = (error, costs)
-        return best[1]
+        return best[1].with_steady_ratios(steps)
+
+    def with_steady_ratios(self, steps: Iterable[tuple[StepWork, float]]) -> StepCosts:
+        """These costs with r(B, K) = median measured / modelled seconds of each steady (B, K) measured at least
+        ``MIN_STEADY`` times (steps whose batch is unknown are not steady steps)."""
+        measured: dict[tuple[int, int], list[float]] = {}
+        for work, seconds in steps:
+            k = work.steady_k()
+            if k is not None:
+                measured.setdefault((work.batch, k), []).append(seconds / self.seconds(work))
+        ratios = tuple((b, k, float(torch.tensor(r).median())) for (b, k), r in sorted(measured.items())
+                       if len(r) >= MIN_STEADY)  # fmt: skip
+        return replace(self, steady_ratios=ratios)
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
@@ -127,8 +173,10 @@ class StepCosts:
         if missing:
             raise ValueError(f"{where} is not a step-cost file (no {', '.join(sorted(missing))}): write it with "
                              "python -m hf_diversed.integrations.vllm.calibrate.")  # fmt: skip
+        ratios = tuple((int(b), int(k), float(r)) for b, k, r in data.get("steady_ratios", ()))
         return cls(*(float(data[key]) for key in ("c0", "c_target", "c_pass", "c_draft")),
-                   k_target=int(data.get("k_target", 1)), k_draft=int(data.get("k_draft", 1)))  # fmt: skip
+                   k_target=int(data.get("k_target", 1)), k_draft=int(data.get("k_draft", 1)),
+                   steady_ratios=ratios)  # fmt: skip
 
 
 def _nonnegative_least_squares(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -145,8 +193,8 @@ def _nonnegative_least_squares(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
 
 def goodput(acceptances: Sequence[float], k: int, costs: StepCosts, *, draft_runs: bool = True) -> float:
     """Expected tokens per second of a steady step where every request of the batch drafts k tokens."""
-    work = StepWork.steady(len(acceptances), k, draft_runs=draft_runs)
-    return sum(expected_tokens(a, k) for a in acceptances) / costs.seconds(work)
+    seconds = costs.steady_seconds(len(acceptances), k, draft_runs=draft_runs)
+    return sum(expected_tokens(a, k) for a in acceptances) / seconds
 
 
 def best_draft_length(
