@@ -306,7 +306,9 @@ def test_calibration_measures_the_engines_steps_and_writes_costs_the_policy_read
     record = json.loads(out.read_text())
     assert record["fit"]["steps"] >= 20 and record["engine"]["num_draft"] == 3
     costs = StepCosts.from_json(out)
-    assert min(vars(costs).values()) >= 0.0 and costs.seconds(StepWork.steady(4, 3)) > 0
+    assert min(getattr(costs, name) for name in ("c0", "c_target", "c_pass", "c_draft")) >= 0.0
+    assert costs.seconds(StepWork.steady(4, 3)) > 0 and costs.steady_ratios  # the steady steps it measured
+    assert {b for b, _, _ in costs.steady_ratios} <= {1, 4} and all(r > 0 for _, _, r in costs.steady_ratios)
 
     class Config:
         additional_config = {"diversed_draft_policy": {"step_costs": str(out)}}
