@@ -33,6 +33,7 @@ from hf_diversed.evaluation.bench.frontier import (
     frontier_methods,
     method_label,
     unfinished_methods,
+    zero_training_methods,
 )
 from hf_diversed.evaluation.bench.report import format_paired_diff, format_quality
 from hf_diversed.evaluation.bench.runs import format_runs, invocation_of, load_runs
@@ -133,6 +134,52 @@ def frontier_section(records: list[dict]) -> list[str]:
             "method's quality. Verdict from the Δ quality interval (beyond: above 0; inside: below 0; on it: "
             "contains 0). `-`: outside the sweep's range (no static point reaches that acceptance or quality).",
         ]
+    return lines
+
+
+def zero_training_section(records: list[dict]) -> list[str]:
+    """Every learned head against the upper envelope of every zero-training rule run on all its examples (static,
+    exact, cascades, lossy, token-class), and against the target (exact SD's quality): is its quality loss at its
+    acceptance within noise of 0?"""
+    lines = []
+    for (temperature, n, length), group in _sampler_groups(records):
+        rows: dict[str, set] = {}
+        for r in group:
+            rows.setdefault(method_label(r), set()).add(r["example_index"])
+        heads = sorted(m for m in rows if m.startswith("diversed"))
+        table = []
+        for head in heads:
+            rules = [m for m in zero_training_methods(sorted(rows)) if rows[head] <= rows[m]]
+            c = compare_to_frontier(group, head, frontier=rules, envelope=True)
+            target = compare_to_baseline(group, head, "exact") if "exact" in rows else None
+            if c is None:
+                continue
+            ci = target["quality_gap_ci"] if target is not None else None
+            kept = ci is not None and ci[0] <= 0 <= ci[1]  # the target's quality is within noise of the head's
+            table.append(
+                f"| {head} | {c['n']} | {len(c['frontier'])} | {_pct(c['acceptance'])} | {c['quality']:.1f} | "
+                f"{_num(c['frontier_quality'], '.1f')} | "
+                f"{_gap(c['quality_gap'], c['quality_gap_ci'], c['quality_gap_defined'], '.1f')} | "
+                f"{_pct(c['frontier_acceptance'])} | "
+                f"{_gap(c['acceptance_gap'], c['acceptance_gap_ci'], c['acceptance_gap_defined'], '.1f', 100)} | "
+                f"{c['verdict']} | "
+                + ("-" if target is None else _gap(target["quality_gap"], target["quality_gap_ci"], 1.0, ".1f"))
+                + f" | {'yes' if kept and c['acceptance'] >= 0.85 else 'no'} |"
+            )
+        if table:
+            lines += [
+                "",
+                f"Against every zero-training rule (T = {temperature:g}, N = {n}, {length} tokens): the upper "
+                "envelope of every static, exact, cascade, lossy and token-class point run on all the head's "
+                "examples (a mixture of two rules reaches the segment between them), and against the target "
+                "(exact SD's quality, paired). Paired bootstrap intervals, 2,000 resamples.",
+                "",
+                "| head | n | rules | acceptance | quality | envelope quality at this acceptance | Δ quality | "
+                "envelope acceptance at this quality | Δ acceptance (points) | verdict | Δ quality vs the target | "
+                "≥ 85% and the target's quality within its interval |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|",
+                *table,
+            ]
     return lines
 
 
@@ -559,6 +606,7 @@ def task_section(task: str, out_dir: Path) -> list[str]:
     lines += greedy_frontier_section(task, out_dir)
     lines += draft_section(records)
     lines += baseline_section(records)
+    lines += zero_training_section(records)
     plot = os.path.relpath(out_dir / bench.PLOT_ACCEPTANCE_FILE, ROOT / "docs")  # results.md lives in docs/
     lines += ["", f"![quality vs acceptance]({plot})", ""]
     if task in PAPER:

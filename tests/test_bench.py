@@ -615,6 +615,41 @@ def test_frontier_comparison_places_methods_beyond_on_or_inside():
     assert compare_to_frontier(_frontier_records("exact", 0.7, 0.6) + records[-100:], "token-class:digits:0") is None
 
 
+def test_the_zero_training_frontier_is_the_upper_envelope_of_every_rule():
+    """Every zero-training rule at once: a mixture of two rules reaches the segment between them and a rule serves
+    any lower acceptance, so the frontier is the non-increasing upper concave hull; a head under it is inside, one
+    above every rule's segment beyond."""
+    from hf_diversed.evaluation.bench.frontier import compare_to_frontier, fitted_frontier, zero_training_methods
+
+    accs, front = fitted_frontier([(0.5, 40), (0.6, 45), (0.7, 30), (0.8, 38), (0.9, 20), (0.95, 5)], envelope=True)
+    assert accs == [0.5, 0.6, 0.8, 0.9, 0.95] and front == [45, 45, 38, 20, 5]  # 0.7 lies under the 0.6-0.8 chord
+    assert fitted_frontier([(0.5, 40), (0.5, 42), (0.9, 20)], envelope=True) == ([0.5, 0.9], [42, 20])
+    rules = (
+        _frontier_records("exact", 0.70, 0.55)
+        + _frontier_records("static:0.5", 0.85, 0.40)
+        + _frontier_records("static:0.1", 0.96, 0.20)
+        + _frontier_records("cascade-opt:0.1", 0.86, 0.50)
+        + _frontier_records("lossy:0.5", 0.95, 0.30)
+        + _frontier_records("token-class:digits:0", 0.90, 0.48)
+    )
+    labels = ["cascade-opt:0.1", "diversed@h", "exact", "lossy:0.5", "static:0.1", "static:0.5", "token-class:digits:0"]
+    assert zero_training_methods(labels) == [m for m in labels if m != "diversed@h"]
+    frontier = zero_training_methods(labels)
+
+    def head(acceptance, quality):
+        return [{**r, "method": "diversed", "head": "h"} for r in _frontier_records("x", acceptance, quality)]
+
+    # at 88%: the segment from cascade-opt (86%, 50) to token-class (90%, 48) gives 49, above the static fit's 40s
+    on = compare_to_frontier(rules + head(0.88, 0.49), "diversed@h", frontier=frontier, envelope=True, resamples=300)
+    assert on["frontier_quality"] == pytest.approx(49.0) and on["quality_gap"] == pytest.approx(0.0)
+    assert on["verdict"] == "on it"
+    static_only = compare_to_frontier(rules + head(0.88, 0.49), "diversed@h", resamples=300)
+    assert static_only["quality_gap"] > 0  # beyond the static sweep, not beyond every rule
+    beyond = compare_to_frontier(rules + head(0.92, 0.52), "diversed@h", frontier=frontier, envelope=True)
+    assert beyond["verdict"] == "beyond the frontier"
+    assert beyond["acceptance_gap"] == pytest.approx(0.92 - 0.796)  # 52 is reached at 79.6% (exact to cascade-opt)
+
+
 def test_baseline_comparison_is_paired_with_intervals():
     """A head against the token-class rule: head minus rule in quality and pooled acceptance, paired bootstrap."""
     from hf_diversed.evaluation.bench.frontier import compare_to_baseline
@@ -653,6 +688,31 @@ def test_table1_report_sets_each_head_beside_each_token_class_rule_and_cascade(m
     ]  # fmt: skip
     # static and lossy points are the frontier's business, not baselines
     assert table1_report.baseline_section(records[: len(rules)]) == []  # no head
+
+
+def test_table1_report_sets_each_head_against_every_zero_training_rule_and_the_target(monkeypatch):
+    """The verdict table: each head against the envelope of the rules run on all its rows (a 50-row rule is left
+    out of a 100-row head's envelope), and whether its acceptance is >= 85% with the target's quality inside its
+    paired interval."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import table1_report
+
+    rules = (
+        _frontier_records("exact", 0.70, 0.55)
+        + _frontier_records("static:0.5", 0.85, 0.40)
+        + _frontier_records("cascade-opt:0.1", 0.86, 0.50)
+        + _frontier_records("lossy:0.5", 0.95, 0.30)
+        + _frontier_records("lossy:0.8", 0.99, 0.90, n=50)  # too few rows for a 100-row head
+    )
+    heads = [{**r, "method": "diversed", "head": h} for h, a, q in (("close", 0.88, 0.54), ("far", 0.9, 0.2))
+             for r in _frontier_records("x", a, q)]  # fmt: skip
+    records = [{**r, "temperature": 1.0, "N": 5, "max_new_tokens": 512} for r in rules + heads]
+    rows = [line.split(" | ") for line in table1_report.zero_training_section(records) if line.startswith("| div")]
+    assert [(r[0], r[1], r[2], r[9], r[-1]) for r in rows] == [
+        ("| diversed@close", "100", "4", "beyond the frontier", "yes |"),
+        ("| diversed@far", "100", "4", "inside the frontier", "no |"),
+    ]
+    assert table1_report.zero_training_section(records[: len(rules)]) == []  # no head
 
 
 def test_table1_report_sets_the_distilled_draft_beside_the_base_draft_not_against_the_frontier(monkeypatch):

@@ -12,6 +12,12 @@ Q is the least-squares non-increasing fit of the points' quality against their a
 violators), linear between points: sampled qualities are noisy, and a frontier's quality cannot rise with
 acceptance.
 
+The frontier of every zero-training rule (``envelope=True``; static, exact, cascades, lossy, token-class: rules a
+head is set beside and can start as) is their upper envelope instead: a mixture of two rules (one or the other per
+prompt) reaches any point on the segment between them, and a rule is worth running at any acceptance below its own,
+so Q(a) is the upper concave hull of the points, flat at its highest quality below that point's acceptance. The
+envelope of noisy points is biased upward, which makes "beyond it" the harder verdict.
+
 Intervals resample the examples (the same draw for every method, so the comparison stays paired) and recompute
 every point. The verdict reads Δq's interval: beyond the frontier when it lies above 0, inside when below, on it
 otherwise.
@@ -26,7 +32,14 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 
-__all__ = ["compare_to_baseline", "compare_to_frontier", "fitted_frontier", "frontier_methods", "method_label"]
+__all__ = [
+    "compare_to_baseline",
+    "compare_to_frontier",
+    "fitted_frontier",
+    "frontier_methods",
+    "method_label",
+    "zero_training_methods",
+]
 
 
 # The rules a learned head is set beside: they need no training, and a head can start as either kind.
@@ -54,6 +67,14 @@ def frontier_methods(methods: Sequence[str]) -> list[str]:
     return [m for m in methods if m == "exact" or m.startswith("static:")]
 
 
+ZERO_TRAINING_PREFIXES = ("static:", "cascade-", "lossy:", "token-class:")
+
+
+def zero_training_methods(methods: Sequence[str]) -> list[str]:
+    """The rules that need no training: ``exact`` and every static, cascade, lossy and token-class rule."""
+    return [m for m in methods if m == "exact" or m.startswith(ZERO_TRAINING_PREFIXES)]
+
+
 def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Piecewise-linear y(x) through points sorted by x; None outside [xs[0], xs[-1]]."""
     if not xs or x < xs[0] - 1e-12 or x > xs[-1] + 1e-12:
@@ -78,11 +99,33 @@ def _decreasing_fit(values: Sequence[float]) -> list[float]:
     return [s / c for s, c in blocks for _ in range(int(c))]
 
 
-def fitted_frontier(points: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
+def fitted_frontier(
+    points: Sequence[tuple[float, float]], *, envelope: bool = False
+) -> tuple[list[float], list[float]]:  # fmt: skip
     """The frontier the verdicts read, from (acceptance, quality) points: acceptances sorted, and the least-squares
-    non-increasing fit of quality along them (linear between points)."""
+    non-increasing fit of quality along them, or with ``envelope`` the vertices of the non-increasing upper concave
+    hull (both linear between the acceptances returned)."""
     points = sorted(points)
-    return [a for a, _ in points], _decreasing_fit([q for _, q in points])
+    if not envelope:
+        return [a for a, _ in points], _decreasing_fit([q for _, q in points])
+    hull: list[tuple[float, float]] = []
+    for a, q in points:  # upper hull, left to right: drop a vertex under the chord of its neighbours
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], (a, q)) >= 0:
+            hull.pop()
+        if hull and a - hull[-1][0] <= 1e-12:
+            if q <= hull[-1][1]:
+                continue
+            hull.pop()
+        hull.append((a, q))
+    top = max(range(len(hull)), key=lambda i: (hull[i][1], hull[i][0]))
+    kept = hull[top:]
+    if points[0][0] < kept[0][0]:
+        kept.insert(0, (points[0][0], kept[0][1]))
+    return [a for a, _ in kept], [q for _, q in kept]
+
+
+def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
 
 def _acceptance_at(quality: float, accs: Sequence[float], fitted: Sequence[float]) -> float | None:
@@ -106,12 +149,12 @@ def _point(records: dict[int, dict], sample: Sequence[int], scale: float) -> tup
     return accepted / drafted, scale * sum(records[i]["quality"] for i in sample) / len(sample)
 
 
-def _deltas(by_method, frontier, method, sample, scale):
+def _deltas(by_method, frontier, method, sample, scale, envelope=False):
     points = [p for m in frontier if (p := _point(by_method[m], sample, scale)) is not None]
     own = _point(by_method[method], sample, scale)
     if own is None or len(points) < 2:
         return None, None, own, None, None
-    accs, fitted = fitted_frontier(points)  # quality against rising acceptance
+    accs, fitted = fitted_frontier(points, envelope=envelope)  # quality against rising acceptance
     q_front = _interp(own[0], accs, fitted)
     a_front = _acceptance_at(own[1], accs, fitted)
     dq = None if q_front is None else own[1] - q_front
@@ -174,16 +217,24 @@ def compare_to_baseline(
 
 
 def compare_to_frontier(
-    records: Sequence[dict], method: str, *, resamples: int = 2000, seed: int = 0
-) -> dict | None:  # fmt: skip
+    records: Sequence[dict],
+    method: str,
+    *,
+    frontier: Sequence[str] | None = None,
+    envelope: bool = False,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict | None:
     """``method`` (a :func:`method_label`) against the frontier on the examples every frontier method and ``method``
     share.
 
-    ``records``: sampler records of one task, temperature, N and max_new_tokens (``hf-diversed bench`` lines).
-    Returns None when the frontier has fewer than two methods or they share no example with ``method``.
+    ``records``: sampler records of one task, temperature, N and max_new_tokens (``hf-diversed bench`` lines);
+    ``frontier``: its methods (default: the static sweep and exact); ``envelope``: their upper envelope rather than
+    the fit (the module). Returns None when the frontier has fewer than two methods or they share no example with
+    ``method``.
     """
     by_method = _by_method(records)
-    frontier = frontier_methods(sorted(by_method))
+    frontier = frontier_methods(sorted(by_method)) if frontier is None else [m for m in frontier if m in by_method]
     if method not in by_method or len([m for m in frontier if m != method]) < 2:
         return None
     frontier = [m for m in frontier if m != method]
@@ -191,12 +242,12 @@ def compare_to_frontier(
     if not common:
         return None
     scale = 1.0 if by_method[method][common[0]].get("metric") == "rouge2" else 100.0
-    dq, da, own, q_front, a_front = _deltas(by_method, frontier, method, common, scale)
+    dq, da, own, q_front, a_front = _deltas(by_method, frontier, method, common, scale, envelope)
     rng = random.Random(seed)
     dqs, das = [], []
     for _ in range(resamples):
         sample = [rng.choice(common) for _ in common]
-        b_dq, b_da, *_ = _deltas(by_method, frontier, method, sample, scale)
+        b_dq, b_da, *_ = _deltas(by_method, frontier, method, sample, scale, envelope)
         if b_dq is not None:
             dqs.append(b_dq)
         if b_da is not None:
