@@ -23,6 +23,7 @@ from hf_diversed.integrations.vllm.goodput import (
     drafts_to_verify,
     expected_tokens,
     goodput,
+    skipping_cost,
     worth_catching_up,
 )
 
@@ -193,3 +194,41 @@ def _same(a: StepCosts, b: StepCosts) -> bool:
     flat = [[*(getattr(c, f) for f in ("c0", "c_target", "c_pass", "c_draft", "k_target", "k_draft")),
              *(x for row in c.steady_ratios for x in row)] for c in (a, b)]  # fmt: skip
     return flat[0] == pytest.approx(flat[1], rel=1e-9)
+
+
+class _Request:
+    """What the policy's lookup reads of a running request."""
+
+    def __init__(self, request_id: str, left: int):
+        self.request_id, self.max_tokens, self.num_output_tokens = request_id, 256, 256 - left
+        self.sampling_params = None  # exact SD
+
+    def is_finished(self) -> bool:
+        return False
+
+
+def test_a_dip_of_the_batch_pays_no_catch_up_and_a_lasting_one_pays_it_once_waiting_has_cost_as_much():
+    """The lookup the scheduler asks for K, on the real pair's 256-token costs: four requests run plain (their
+    drafts missed 200 tokens each); one ends and for a step three run, where drafting pays and the catch-up repays
+    itself over their remaining tokens, yet a dip that short pays no catch-up (ski rental). Three for good: K stays
+    0 until the plain steps have lost what the catch-up costs, c_pass + c_draft * 600, then drafting starts."""
+    from hf_diversed.integrations.vllm._scheduling import Policy, _Acceptances, _Lookup
+
+    costs = StepCosts.from_json(LONG_LOG.with_name("step_costs-256tok.json"))
+    policy = Policy(costs=costs, prior=0.9, prior_strength=1e12)
+    scheduler = type("Scheduler", (), {})()
+    scheduler.running = [_Request(f"r{i}", 200) for i in range(4)]
+    lookup = _Lookup(scheduler, policy, _Acceptances(policy, {}), max_k=5)
+    lookup.missed = {f"r{i}": 200 for i in range(4)}
+    assert lookup[4] == 0
+    scheduler.running = scheduler.running[:3]
+    k = best_draft_length([0.9] * 3, costs, 5, draft_runs_at_zero=False)
+    assert k > 0 and worth_catching_up([0.9] * 3, k, costs, 3 * 200, 600)  # what the policy did before
+    assert lookup[3] == 0 and lookup.waited == pytest.approx(skipping_cost([0.9] * 3, k, costs))
+    scheduler.running.append(_Request("r4", 256))
+    lookup.missed["r4"] = 150
+    assert lookup[4] == 0 and lookup.waited == 0.0  # back to four: nothing to draft for, the wait starts afresh
+    scheduler.running = scheduler.running[:3]
+    waits = costs.draft_pass(600) / skipping_cost([0.9] * 3, k, costs)
+    chosen = [lookup[3] for _ in range(int(waits) + 2)]
+    assert chosen == [0] * (int(waits) + 1) + [k] and lookup.waited == 0.0

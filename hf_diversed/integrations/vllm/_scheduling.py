@@ -11,7 +11,9 @@ What ``install()`` patches, when an engine's ``additional_config`` names the pol
   reads its batch-size schedule (``dynamic_sd_lookup[batch_size]``, vLLM's own hook for "K tokens at this batch
   size"), so vLLM's scheduler asks the policy for K at every step: K = argmax_K goodput of the batch's requests,
   each with its running acceptance (``goodput``), and 0 where the draft was skipped and catching it up on the tokens
-  it missed costs more than drafting would save over the requests' remaining tokens (``worth_catching_up``).
+  it missed costs more than drafting would save over the requests' remaining tokens (``worth_catching_up``), or
+  than the plain steps since drafting began to pay have lost (``skipping_cost``: a dip of the batch for a step or
+  two pays no catch-up).
 - ``Scheduler.update_from_output``: each request's accepted drafted tokens and rejections (its acceptance estimate,
   pooled per rule as the prior of new requests), the tokens its draft has missed since it last drafted, and, with
   ``step_log``, the step's work and seconds (the data that calibrates the step costs).
@@ -45,6 +47,7 @@ from .goodput import (
     best_draft_length,
     drafts_to_verify,
     goodput,
+    skipping_cost,
     worth_catching_up,
 )
 from .rules import RuleError, requested
@@ -199,6 +202,7 @@ class _Lookup:
         self.last: tuple[list[float], int] = ([], max_k)
         self.steps = 0
         self.missed: dict[str, int] = {}  # req_id -> tokens the target ran while the request's draft was skipped
+        self.waited = 0.0  # seconds lost to plain steps since drafting again began to pay (goodput.skipping_cost)
 
     def __getitem__(self, batch_size: int) -> int:
         self.steps += 1
@@ -213,12 +217,17 @@ class _Lookup:
         # the running queue is scheduled in order (this step's new requests appended): its first batch_size
         running = [r for r in self.scheduler.running if not r.is_finished()][:batch_size]
         rates = [self.acceptances.of(r) for r in running] or [self.policy.prior] * batch_size
-        k = best_draft_length(rates, self.policy.costs, self.max_k, draft_runs_at_zero=not self.policy.skip_draft)
-        if k and self.policy.skip_draft:
-            missed = sum(self.missed.get(r.request_id, 0) for r in running)
+        costs = self.policy.costs
+        k = best_draft_length(rates, costs, self.max_k, draft_runs_at_zero=not self.policy.skip_draft)
+        missed = sum(self.missed.get(r.request_id, 0) for r in running) if k and self.policy.skip_draft else 0
+        if missed:
             remaining = sum(max(r.max_tokens - r.num_output_tokens, 0) for r in running)
-            if not worth_catching_up(rates, k, self.policy.costs, remaining, missed):
-                k = 0
+            # ski rental: catch up once staying plain has lost what the catch-up costs, and only if it repays
+            if self.waited < costs.draft_pass(missed) or not worth_catching_up(rates, k, costs, remaining, missed):
+                self.waited += skipping_cost(rates, k, costs)
+                self.last = (rates, 0)
+                return 0
+        self.waited = 0.0  # drafting, or nothing to draft for: a later catch-up waits afresh
         self.last = (rates, k)
         return k
 

@@ -25,7 +25,11 @@ then a request keeps its j-th drafted token only while a_i^j, the expected token
 time it costs (a_i^j >= c_target * goodput). A catch-up pass is a transition's cost, not a steady step's: after
 steps with the draft skipped, drafting again is worth its catch-up over the M tokens the draft missed only if the
 batch's remaining tokens R, held at the steady goodputs, take less time drafted than plain by more than that pass
-costs: R (1 / G_0 - 1 / G_K) > c_pass + c_draft * max(M, k_draft).
+costs: R (1 / G_0 - 1 / G_K) > c_pass + c_draft * max(M, k_draft). And it waits before paying (ski rental): a
+batch that dips below its size for a step or two (a request ends and the next has yet to arrive) is back before the
+catch-up would pay, so the policy first spends, step by step, what staying plain loses against drafting,
+B (1 / G_0 - 1 / G_K) seconds a step, and catches up once that adds up to the catch-up pass's cost. Waiting then costs
+at most one catch-up, and a dip shorter than that never pays for one.
 """
 
 from __future__ import annotations
@@ -222,6 +226,14 @@ def worth_catching_up(
         return True
     plain, drafted = goodput(acceptances, 0, costs, draft_runs=False), goodput(acceptances, k, costs)
     return remaining_tokens * (1.0 / plain - 1.0 / drafted) > costs.draft_pass(missed_tokens)
+
+
+def skipping_cost(acceptances: Sequence[float], k: int, costs: StepCosts) -> float:
+    """Seconds a plain step of this batch (the draft skipped) loses against drafting k: its B tokens take
+    B / G_0 seconds plain and B / G_k drafted (steady goodputs), so B (1 / G_0 - 1 / G_k); 0 where k does not pay."""
+    batch = len(acceptances)
+    lost = batch / goodput(acceptances, 0, costs, draft_runs=False) - batch / goodput(acceptances, k, costs)
+    return max(lost, 0.0)
 
 
 def drafts_to_verify(a: float, k: int, costs: StepCosts, step_goodput: float) -> int:
