@@ -5,7 +5,7 @@
 # and the schedules chosen from it (SCHEDULES, e.g. sched:4:5) for every rule. One bench_vllm invocation per concurrency,
 # so that a rule's phases and the target alone's at that concurrency run minutes apart in one sitting. Each
 # invocation resumes where it stopped (phases already in the directory are skipped); with COMMIT=1 the records are
-# committed after each one.
+# committed after each one. The policy's server writes its step log beside the phases (policy-steps.jsonl).
 #
 #   bash benchmarks/vllm_load_grid.sh gsm8k 1,2,4,8,16,32    # from the repository root, after docs/vllm.md's install
 #   COMMIT=1 SCHEDULES=sched:4:5 bash benchmarks/vllm_load_grid.sh mbpp 1,8,32
@@ -18,8 +18,8 @@ cd "$(dirname "$0")/.."
 TASK=${1:?usage: bash benchmarks/vllm_load_grid.sh gsm8k|mbpp CONCURRENCIES [RULES]}
 LOADS=${2:?give the concurrencies, e.g. 1,2,4,8,16,32}
 RULES=${3:-exact,cascade-opt:0.1,diversed}
-OUT=${OUT:-docs/vllm/grid}
-COSTS=${COSTS:-docs/vllm/policy/step_costs-2026-12-06.json}
+OUT=${OUT:-docs/vllm/load-grid}
+COSTS=${COSTS:-docs/vllm/policy/step_costs-256tok.json}
 CUTS=${CUTS:-2,4,8,16}
 GRID_RULE=${GRID_RULE-cascade-opt:0.1}
 SCHEDULES=${SCHEDULES:-}
@@ -50,7 +50,8 @@ for c in ${LOADS//,/ }; do
         done
     done
     ${DRY:+echo} python benchmarks/bench_vllm.py --tasks "$TASK" --max-new-tokens 256 --num-prompts "$prompts" --concurrency "$c" \
-        --no-prefix-caching --policy-costs "$COSTS" --output-dir "$OUT/$TASK-c$c" --methods "$methods"
+        --no-prefix-caching --policy-costs "$COSTS" --output-dir "$OUT/$TASK-c$c" --methods "$methods" \
+        --policy-settings "{\"step_log\": \"$OUT/$TASK-c$c/policy-steps.jsonl\"}"
     if [[ "${COMMIT:-0}" == 1 ]]; then
         git add "$OUT/$TASK-c$c" && git commit -q -m "docs/vllm/grid: $TASK at $c in flight" -- "$OUT/$TASK-c$c" || true
     fi
