@@ -1,7 +1,7 @@
 """The load grid's verdict (benchmarks/vllm_load_grid.sh): per task and concurrency, each rule at fixed N, with the
 draft-length policy and with vLLM's best hand schedule, as multiples of the target alone of the same sitting.
 
-    python benchmarks/vllm_grid_report.py docs/vllm/grid          # prints the tables, writes docs/vllm/grid/results.md
+    python benchmarks/vllm_grid_report.py docs/vllm/load-grid   # the tables, also in docs/vllm/load-grid/results.md
 
 A hand schedule sched:CUT:K drafts K while at most CUT requests are in flight. At concurrency c a phase never has
 more than c in flight, so every CUT >= c is one configuration there: fixed N = K for K = N, and for K < N the phase
@@ -133,7 +133,7 @@ def _pct(x) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("root", nargs="?", default="docs/vllm/grid")
+    parser.add_argument("root", nargs="?", default="docs/vllm/load-grid")
     parser.add_argument("--choose-on", default="gsm8k", help="the task whose phases choose the hand schedule")
     parser.add_argument("--grid-rule", default="cascade-opt:0.1", help="the rule the schedule grid ran with")
     args = parser.parse_args(argv)
