@@ -34,6 +34,7 @@ at most one catch-up, and a dip shorter than that never pays for one.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -116,7 +117,7 @@ class StepCosts:
     def ratio(self, batch: int, k: int) -> float:
         """r(B, K): measured over modelled seconds of the steady step, linear in B between measured batches, the
         nearest one's beyond them, 1 where K was never measured."""
-        points = sorted((b, r) for b, kk, r in self.steady_ratios if kk == k)
+        points = self._ratio_points.get(k)
         if not points:
             return 1.0
         below = [p for p in points if p[0] <= batch]
@@ -125,6 +126,14 @@ class StepCosts:
             return (below or above)[-1 if below else 0][1]
         (b0, r0), (b1, r1) = below[-1], above[0]
         return r0 if b1 == b0 else r0 + (r1 - r0) * (batch - b0) / (b1 - b0)
+
+    @functools.cached_property
+    def _ratio_points(self) -> dict[int, list[tuple[int, float]]]:
+        """K -> its measured (B, r(B, K)) sorted by B: read at every step the policy chooses, so sorted once."""
+        points: dict[int, list[tuple[int, float]]] = {}
+        for b, k, r in sorted(self.steady_ratios):
+            points.setdefault(k, []).append((b, r))
+        return points
 
     def draft_pass(self, tokens: int) -> float:
         """c_pass + c_draft * max(n, k_draft): one forward pass of the draft over n tokens."""
@@ -224,16 +233,18 @@ def worth_catching_up(
     pass over the ``missed_tokens`` M its draft has not run, c_pass + c_draft * max(M, k_draft)."""
     if missed_tokens <= 0 or k == 0:
         return True
-    plain, drafted = goodput(acceptances, 0, costs, draft_runs=False), goodput(acceptances, k, costs)
-    return remaining_tokens * (1.0 / plain - 1.0 / drafted) > costs.draft_pass(missed_tokens)
+    return remaining_tokens * _saved_per_token(acceptances, k, costs) > costs.draft_pass(missed_tokens)
+
+
+def _saved_per_token(acceptances: Sequence[float], k: int, costs: StepCosts) -> float:
+    """1 / G_0 - 1 / G_k: the seconds a token takes plain (the draft skipped) over what it takes drafting k."""
+    return 1.0 / goodput(acceptances, 0, costs, draft_runs=False) - 1.0 / goodput(acceptances, k, costs)
 
 
 def skipping_cost(acceptances: Sequence[float], k: int, costs: StepCosts) -> float:
     """Seconds a plain step of this batch (the draft skipped) loses against drafting k: its B tokens take
     B / G_0 seconds plain and B / G_k drafted (steady goodputs), so B (1 / G_0 - 1 / G_k); 0 where k does not pay."""
-    batch = len(acceptances)
-    lost = batch / goodput(acceptances, 0, costs, draft_runs=False) - batch / goodput(acceptances, k, costs)
-    return max(lost, 0.0)
+    return max(len(acceptances) * _saved_per_token(acceptances, k, costs), 0.0)
 
 
 def drafts_to_verify(a: float, k: int, costs: StepCosts, step_goodput: float) -> int:
