@@ -53,6 +53,6 @@ for c in ${LOADS//,/ }; do
         --no-prefix-caching --policy-costs "$COSTS" --output-dir "$OUT/$TASK-c$c" --methods "$methods" \
         --policy-settings "{\"step_log\": \"$OUT/$TASK-c$c/policy-steps.jsonl\"}"
     if [[ "${COMMIT:-0}" == 1 ]]; then
-        git add "$OUT/$TASK-c$c" && git commit -q -m "docs/vllm/grid: $TASK at $c in flight" -- "$OUT/$TASK-c$c" || true
+        git add "$OUT/$TASK-c$c" && git commit -q -m "$OUT: $TASK at $c in flight" -- "$OUT/$TASK-c$c" || true
     fi
 done

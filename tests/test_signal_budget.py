@@ -153,6 +153,45 @@ def test_signal_budget_branches_decisive_positions_and_resumes(pair, tmp_path, m
     assert again == summary
     text = signal_budget.markdown(summary, "python training/signal_budget.py ...")
     assert "| reward part |" in text and f"{summary['branches']['differ']}" in text
+    # the decoding budget: tokens for SNR 2 on a gain G = c (1 - w) delta, from the noise measured above
+    d, budget = summary["decisive_direction"], summary["budget"]
+    assert summary["branches"]["delta_var"] == pytest.approx(var)
+    k_trainer = (d["decisive_per_rollout"] / d["sigma_reward"]) ** 2 / (
+        d["push_std"] ** 2 * summary["branches"]["rollout_tokens"]
+    )
+    assert budget["k_trainer"] == pytest.approx(k_trainer)
+    assert budget["k_branch"] == pytest.approx(1 / (var * summary["branches"]["tokens_per_branch"]))
+    for gain, row in budget["gains"].items():
+        delta = float(gain) / (d["decisive_per_rollout"] * (1 - d["mean_w_decisive"]))
+        assert row["delta"] == pytest.approx(delta)
+        assert row["trainer_tokens"] == pytest.approx(4 / (k_trainer * delta**2))
+    assert budget["gains"]["0.02"]["branch_tokens"] == pytest.approx(25 * budget["gains"]["0.1"]["branch_tokens"])
+    assert "| 0.05 |" in text
+    # --refresh rebuilds the budget and the report from budget.json and branches.jsonl alone
+    out = tmp_path / "budget"
+    older = {k: v for k, v in summary.items() if k != "budget"}
+    older["branches"] = {k: v for k, v in summary["branches"].items() if k != "delta_var"}
+    (out / "budget.json").write_text(json.dumps(older))
+    (out / "budget.md").write_text(signal_budget.markdown(older, "python training/signal_budget.py --seed 3"))
+    assert signal_budget.main(["--budget_dir", str(out), "--refresh"]) == 0
+    again = json.loads((out / "budget.json").read_text())
+    assert again["branches"]["delta_var"] == pytest.approx(var) and again["mean_reward"] == summary["mean_reward"]
+    for gain, row in budget["gains"].items():
+        assert again["budget"]["gains"][gain] == pytest.approx(row)
+    refreshed = (out / "budget.md").read_text()
+    assert "python training/signal_budget.py --seed 3" in refreshed and "| 0.05 |" in refreshed
+
+
+def test_signal_budget_without_branches_reports_the_gradients_alone(pair, tmp_path, monkeypatch):
+    lr_sweep, signal_budget, config, data = _setup(tmp_path, monkeypatch)
+    target, draft = pair
+    args = signal_budget.BudgetArguments(rollout_steps=1, budget_dir=str(tmp_path / "budget"), branches_per_rollout=0)
+    summary = signal_budget.measure(config, args, target, draft, None, lr_sweep.draw_block, lr_sweep._sweep_config,
+                                    **data)  # fmt: skip
+    assert summary["branches"]["positions"] == 0 and summary["branches"]["mean_delta"] is None
+    assert "signal" not in summary["decisive_direction"]
+    text = signal_budget.markdown(summary, "python training/signal_budget.py --branches_per_rollout 0")
+    assert "| reward part |" in text and "none branched (--branches_per_rollout 0)." in text
 
 
 def test_signal_budget_refuses_bad_flags_in_one_line(monkeypatch):

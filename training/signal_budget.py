@@ -18,7 +18,11 @@ On the recipe's first ``rollout_steps`` batches, drawn once by the head the run 
    trainer's own estimate of the same push along "raise w on the decisive positions", A_i sum_t (p - q) / nu at
    rollout i's drafted decisive positions: its noise against D's mean gives the steps that estimate would need.
 
-Writes ``branches.jsonl`` (one line per branched position, resumable), ``budget.json`` and ``budget.md``.
+4. The decoding budget: how many decoded tokens the trainer's estimate and the branches would each need to tell
+   whether raising w on the decisive positions gains 2, 5 or 10 points of reward (:func:`decoding_budget`).
+
+Writes ``branches.jsonl`` (one line per branched position, resumable), ``budget.json`` and ``budget.md``;
+``--refresh`` rewrites the last two from the records, loading no model.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ class BudgetArguments:
     decisive_quantile: float = field(default=0.9, metadata={"help": "Positions with TV above this quantile."})
     branch_batch_size: int = field(default=64, metadata={"help": "Continuations decoded together."})
     branch_chunk: int = field(default=64, metadata={"help": "Branch pairs continued per sampler call, then saved."})
+    refresh: bool = field(
+        default=False, metadata={"help": "Rewrite budget.json's budget and budget.md from the records, no model."}
+    )
 
     def check(self) -> None:
         if self.rollout_steps < 1 or self.branches_per_rollout < 0 or not 0 < self.decisive_quantile < 1:
@@ -195,6 +202,7 @@ def summarise(steps, rewards, grads_reward, grads_total, branches, threshold, de
         tokens = sum(len(ids) - b["position"] - 1 for b in differ for ids in b["completions"])
         rollout_tokens = sum(r.num_tokens for _, rollouts in steps for r in rollouts) / out["rollouts"]
         out["branches"]["branches_for_snr_2"] = 4 * var / mean**2
+        out["branches"]["delta_var"] = var
         out["branches"]["tokens_per_branch"] = tokens / len(deltas)
         out["branches"]["rollout_tokens"] = rollout_tokens
     # the trainer's estimate of the push along "raise w on every drafted decisive position", per rollout
@@ -213,6 +221,33 @@ def summarise(steps, rewards, grads_reward, grads_total, branches, threshold, de
         direction["lambda_balance"] = mean / (sigma * direction["mean_tv_decisive"])
         direction["reward_if_w_1"] = float(counts.mean()) * (1 - direction["mean_w_decisive"]) * mean
     out["decisive_direction"] = direction
+    out["budget"] = decoding_budget(out["branches"], direction)
+    return out
+
+
+GAINS = (0.02, 0.05, 0.1)
+
+
+def decoding_budget(branches: dict, direction: dict) -> dict | None:
+    """Decoded tokens each estimator needs to tell, at SNR 2, whether w -> 1 on the decisive positions gains G of the
+    mean reward, for G in ``GAINS``.
+
+    The gain is G = c (1 - w̄) δ with c decisive positions a rollout at mean w̄ and δ = dE[r]/dw_t there. Both
+    estimators' SNR² grow linearly in decoded tokens, as k δ², with the noise measured here held fixed: the trainer's
+    push (signal c δ / σ, std push_std a rollout of L tokens) has k = (c / σ)² / (push_std² L); a branch (δ against
+    Var D, ℓ tokens a branch) has k = 1 / (Var D ℓ). Tokens for SNR 2: 4 / (k δ²). None where either noise is
+    unmeasured."""
+    var = branches.get("delta_var")
+    c, sigma, push_std = direction["decisive_per_rollout"], direction["sigma_reward"], direction["push_std"]
+    if not var or "tokens_per_branch" not in branches or not sigma or not push_std or not c:
+        return None
+    k_trainer = (c / sigma) ** 2 / (push_std**2 * branches["rollout_tokens"])
+    k_branch = 1 / (var * branches["tokens_per_branch"])
+    out = {"k_trainer": k_trainer, "k_branch": k_branch, "gains": {}}
+    for gain in GAINS:
+        delta = gain / (c * (1 - direction["mean_w_decisive"]))
+        out["gains"][f"{gain:g}"] = {"delta": delta, "trainer_tokens": 4 / (k_trainer * delta**2),
+                                     "branch_tokens": 4 / (k_branch * delta**2)}  # fmt: skip
     return out
 
 
@@ -236,9 +271,10 @@ def markdown(s: dict, command: str) -> str:
         f"Regularizer's mean gradient norm {s['regularizer_norm']:.3g} (per unit λ) against the reward's signal norm "
         f"{s['reward_signal_norm']:.3g}.", "",
         f"Branches at the decisive positions (TV ≥ {s['decisive_tv_threshold']:.3f}, the top decile): "
-        f"{b['positions']} positions, mean TV {b['mean_tv']:.3f}; the two tokens differ at {b['differ']}, where the "
-        f"target's continuation scores higher {b['p_better']} times and the draft's {b['q_better']} times. "
-        f"dE[r]/dw_t = mean D = {b['mean_delta']:+.4f} [{b['delta_low']:+.4f}, {b['delta_high']:+.4f}] per position."
+        + (f"{b['positions']} positions, mean TV {b['mean_tv']:.3f}; the two tokens differ at {b['differ']}, where the "
+           f"target's continuation scores higher {b['p_better']} times and the draft's {b['q_better']} times. "
+           f"dE[r]/dw_t = mean D = {b['mean_delta']:+.4f} [{b['delta_low']:+.4f}, {b['delta_high']:+.4f}] per position."
+           if b["positions"] else "none branched (--branches_per_rollout 0).")
         + (f" Branches needed to know its sign at SNR 2: {b['branches_for_snr_2']:.3g}, each "
            f"{b['tokens_per_branch']:.0f} decoded tokens against a rollout's {b['rollout_tokens']:.0f}."
            if "branches_for_snr_2" in b else ""),
@@ -253,6 +289,19 @@ def markdown(s: dict, command: str) -> str:
             f"{d['steps_for_snr_2']:.3g}; λ at which reward and regularizer balance there {d['lambda_balance']:.3g}; "
             f"w → 1 on those positions would change the mean reward by {d['reward_if_w_1']:+.3f} (first order)."
         )
+    if s.get("budget"):
+        k = s["budget"]
+        lines += [
+            "",
+            "Decoded tokens to tell at SNR 2 whether w → 1 on the decisive positions gains G of the mean "
+            "reward (G = c (1 − w̄) δ; each estimator's SNR² is k δ² per token with the noise measured above: "
+            f"the trainer's k = {k['k_trainer']:.3g}, the branches' {k['k_branch']:.3g}):",
+            "",
+            "| G | δ = dE[r]/dw_t | the trainer's rollouts (tokens) | branches (tokens) |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {g} | {v['delta']:.4f} | {v['trainer_tokens']:.3g} | {v['branch_tokens']:.3g} |"
+                  for g, v in k["gains"].items()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -268,13 +317,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.check()
     except ValueError as err:
         raise SystemExit(str(err)) from None
+    out = Path(args.budget_dir)
+    if args.refresh:
+        summary, command = refresh(out)
+        (out / "budget.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        (out / "budget.md").write_text(markdown(summary, command))
+        print((out / "budget.md").read_text())
+        return 0
     tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype), config.weights)
     summary = measure(config, args, target, draft, tokenizer, draw_block, _sweep_config)
-    out = Path(args.budget_dir)
     (out / "budget.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (out / "budget.md").write_text(markdown(summary, shlex.join(["python", "training/signal_budget.py", *argv])))
     print((out / "budget.md").read_text())
     return 0
+
+
+def refresh(out: Path) -> tuple[dict, str]:
+    """budget.json with its branches' variance and decoding budget recomputed from branches.jsonl, and the command
+    that measured it (budget.md's first code block)."""
+    if not (out / "budget.json").is_file():
+        raise SystemExit(f"--refresh: no budget.json in {out}; run the measurement there first.")
+    summary = json.loads((out / "budget.json").read_text())
+    text = (out / "budget.md").read_text().splitlines() if (out / "budget.md").is_file() else []
+    command = text[text.index("```") + 1] if "```" in text else "python training/signal_budget.py"
+    deltas = [0.0 if r["rewards"] is None else r["rewards"][0] - r["rewards"][1]
+              for r in load_branches(out / "branches.jsonl").values()]  # fmt: skip
+    if len(deltas) != summary["branches"]["positions"]:
+        raise SystemExit(f"--refresh: {out}/branches.jsonl holds {len(deltas)} positions, budget.json "
+                         f"{summary['branches']['positions']}; measure again.")  # fmt: skip
+    if len(deltas) > 1:
+        summary["branches"]["delta_var"] = float(torch.tensor(deltas, dtype=torch.float64).var())
+    summary["budget"] = decoding_budget(summary["branches"], summary["decisive_direction"])
+    return summary, command
 
 
 def measure(config, args, target, draft, tokenizer, draw_block, sweep_config, **trainer_kwargs) -> dict:
