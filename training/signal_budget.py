@@ -170,6 +170,11 @@ def run_branches(trainer, config, args, items, laws, path: Path) -> list[dict]:
     return [done[c] for c in laws["chosen"]]
 
 
+def branch_deltas(branches: Sequence[dict]) -> list[float]:
+    """D = r(y_p) - r(y_q) of each branched position, 0 where the two tokens agree."""
+    return [0.0 if b["rewards"] is None else b["rewards"][0] - b["rewards"][1] for b in branches]
+
+
 def summarise(steps, rewards, grads_reward, grads_total, branches, threshold, decisive, config) -> dict:
     """The numbers of ``budget.json``."""
     batch = len(steps[0][1])
@@ -185,7 +190,7 @@ def summarise(steps, rewards, grads_reward, grads_total, branches, threshold, de
     reg = (grads_total - grads_reward).mean(0)
     out["regularizer_norm"] = float(reg.norm())
     out["reward_signal_norm"] = math.sqrt(max(out["reward_gradient"]["signal"], 0.0))
-    deltas = [0.0 if b["rewards"] is None else b["rewards"][0] - b["rewards"][1] for b in branches]
+    deltas = branch_deltas(branches)
     differ = [b for b in branches if b["rewards"] is not None]
     mean = sum(deltas) / len(deltas) if deltas else None
     low, high = bootstrap_interval(deltas) or (None, None)
@@ -320,14 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.budget_dir)
     if args.refresh:
         summary, command = refresh(out)
-        (out / "budget.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        (out / "budget.md").write_text(markdown(summary, command))
-        print((out / "budget.md").read_text())
-        return 0
-    tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype), config.weights)
-    summary = measure(config, args, target, draft, tokenizer, draw_block, _sweep_config)
+    else:
+        tokenizer, target, draft = load_pair(config.target, config.draft, getattr(torch, config.dtype), config.weights)
+        summary = measure(config, args, target, draft, tokenizer, draw_block, _sweep_config)
+        command = shlex.join(["python", "training/signal_budget.py", *argv])
     (out / "budget.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "budget.md").write_text(markdown(summary, shlex.join(["python", "training/signal_budget.py", *argv])))
+    (out / "budget.md").write_text(markdown(summary, command))
     print((out / "budget.md").read_text())
     return 0
 
@@ -340,8 +343,7 @@ def refresh(out: Path) -> tuple[dict, str]:
     summary = json.loads((out / "budget.json").read_text())
     text = (out / "budget.md").read_text().splitlines() if (out / "budget.md").is_file() else []
     command = text[text.index("```") + 1] if "```" in text else "python training/signal_budget.py"
-    deltas = [0.0 if r["rewards"] is None else r["rewards"][0] - r["rewards"][1]
-              for r in load_branches(out / "branches.jsonl").values()]  # fmt: skip
+    deltas = branch_deltas(list(load_branches(out / "branches.jsonl").values()))
     if len(deltas) != summary["branches"]["positions"]:
         raise SystemExit(f"--refresh: {out}/branches.jsonl holds {len(deltas)} positions, budget.json "
                          f"{summary['branches']['positions']}; measure again.")  # fmt: skip
