@@ -13,6 +13,11 @@
 # 8 prompts at 1 and 2 in flight, 32 from 4 on; T = 1, 256 new tokens. A schedule with CUT >= c drafts K at every step
 # of a phase at concurrency c, so at c its cuts from c on are one configuration: the grid runs each (CUT, K) only at
 # the concurrencies where it differs from every smaller cut (CUT = c is the one that drafts throughout).
+#
+# From BESIDE in flight on (default 4; empty: never), where the target alone is the one to beat, each rule's policy
+# phase is timed again beside a target alone of its own ($OUT/<task>-c<c>-beside/<rule>/, one invocation each, which
+# of the two runs first alternating from rule to rule): the machine's pace drifts by several per cent over the hour
+# an invocation takes, so a ratio against the target alone of its first minutes is read against another pace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASK=${1:?usage: bash benchmarks/vllm_load_grid.sh gsm8k|mbpp CONCURRENCIES [RULES]}
@@ -23,6 +28,7 @@ COSTS=${COSTS:-docs/vllm/policy/step_costs-256tok.json}
 CUTS=${CUTS:-2,4,8,16}
 GRID_RULE=${GRID_RULE-cascade-opt:0.1}
 SCHEDULES=${SCHEDULES:-}
+BESIDE=${BESIDE-4}
 export VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0 OMP_NUM_THREADS=2
 
 for c in ${LOADS//,/ }; do
@@ -49,10 +55,28 @@ for c in ${LOADS//,/ }; do
             done
         done
     done
-    ${DRY:+echo} python benchmarks/bench_vllm.py --tasks "$TASK" --max-new-tokens 256 --num-prompts "$prompts" --concurrency "$c" \
-        --no-prefix-caching --policy-costs "$COSTS" --output-dir "$OUT/$TASK-c$c" --methods "$methods" \
-        --policy-settings "{\"step_log\": \"$OUT/$TASK-c$c/policy-steps.jsonl\"}"
+    bench() { # DIR METHODS
+        ${DRY:+echo} python benchmarks/bench_vllm.py --tasks "$TASK" --max-new-tokens 256 --num-prompts "$prompts" \
+            --concurrency "$c" --no-prefix-caching --policy-costs "$COSTS" --output-dir "$1" --methods "$2" \
+            --policy-settings "{\"step_log\": \"$1/policy-steps.jsonl\"}"
+    }
+    bench "$OUT/$TASK-c$c" "$methods"
     if [[ "${COMMIT:-0}" == 1 ]]; then
         git add "$OUT/$TASK-c$c" && git commit -q -m "$OUT: $TASK at $c in flight" -- "$OUT/$TASK-c$c" || true
+    fi
+    if [[ -n "$BESIDE" ]] && ((c >= BESIDE)); then
+        first=policy
+        for rule in ${RULES//,/ }; do
+            dir="$OUT/$TASK-c$c-beside/${rule//:/-}"
+            if [[ $first == policy ]]; then
+                bench "$dir" "$rule@policy" && bench "$dir" ar && first=ar
+            else
+                bench "$dir" ar && bench "$dir" "$rule@policy" && first=policy
+            fi
+        done
+        if [[ "${COMMIT:-0}" == 1 ]]; then
+            git add "$OUT/$TASK-c$c-beside" &&
+                git commit -q -m "$OUT: $TASK at $c in flight, the policy beside a target alone of its own" -- "$OUT/$TASK-c$c-beside" || true
+        fi
     fi
 done

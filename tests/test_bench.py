@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -1299,7 +1300,26 @@ def test_vllm_grid_report_reads_each_schedule_where_it_runs_and_chooses_the_best
     text = vllm_grid_report.report(tmp_path, "gsm8k", rule)
     assert "sched:2:5" in text
     row = next(line for line in text.splitlines() if line.startswith("| gsm8k | 8 |"))
-    assert row.split(" | ")[4:] == ["0.75×", "0.98× (80.0%; 50.0%)", "0.90×", "0.98 |"]  # 0.98 / max(1, 0.9)
+    assert row.split(" | ")[4:] == ["0.75×", "0.98× (80.0%; 50.0%)", "-", "0.90×", "0.98 |"]  # 0.98 / max(1, 0.9)
+
+    # the policy timed again beside a target alone of its own: two pairs (policy first, then the target alone first)
+    # read 0.90 and 1.00; a directory whose target alone is of another sitting, or missing, pairs nothing
+    pairs = {
+        "gsm8k-c8-beside/a": [phase(f"{rule}@policy", 8, 18.0), phase("ar", 8, 20.0)],
+        "gsm8k-c8-beside/b": [phase("ar", 8, 19.0), phase(f"{rule}@policy", 8, 19.0)],
+        "gsm8k-c8-beside/c": [phase(f"{rule}@policy", 8, 5.0), phase("ar", 8, 50.0, "other")],
+        "gsm8k-c8-beside/d": [phase(f"{rule}@policy", 8, 5.0)],
+    }
+    for name, phases in pairs.items():
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "phases.jsonl").write_text("".join(json.dumps(p) + "\n" for p in phases))
+    assert vllm_grid_report.beside_ratios(tmp_path) == {("gsm8k", 8, f"{rule}@policy"): 0.95}
+    assert table == vllm_grid_report.ratios(vllm_grid_report.load_phases(tmp_path))  # the grid's own pairs unchanged
+    text = vllm_grid_report.report(tmp_path, "gsm8k", rule)
+    row = next(line for line in text.splitlines() if line.startswith("| gsm8k | 8 |"))
+    assert row.split(" | ")[4:] == ["0.75×", "0.98× (80.0%; 50.0%)", "0.95×", "0.90×", "0.95 |"]  # 0.95 / max(1, 0.9)
+    row = next(line for line in text.splitlines() if line.startswith("| gsm8k | 1 |"))
+    assert row.split(" | ")[6] == "-"
 
 
 def test_vllm_bench_refuses_to_pair_phases_from_another_machine(monkeypatch, tmp_path):
@@ -1319,3 +1339,25 @@ def test_vllm_bench_refuses_to_pair_phases_from_another_machine(monkeypatch, tmp
                        ("omp_bind", "0-1")):  # fmt: skip
         with pytest.raises(SystemExit, match=f"holds phases run with {{'{key}'.*pass a new --output-dir"):
             bench_vllm.check_same_machine([here, {**here, key: other}], here, tmp_path)
+
+
+def test_vllm_load_grid_times_the_policy_beside_a_target_alone_of_its_own_from_4_in_flight():
+    """benchmarks/vllm_load_grid.sh (DRY=1 prints its bench_vllm invocations): from BESIDE (4) in flight on, after the
+    grid's own invocation, each rule's policy phase and a target alone, one invocation each, in
+    <task>-c<c>-beside/<rule>/, which of the two runs first alternating from rule to rule; none below BESIDE."""
+    root = Path(__file__).resolve().parents[1]
+    script = root / "benchmarks" / "vllm_load_grid.sh"
+    out = subprocess.run(["bash", str(script), "gsm8k", "2,8", "exact,cascade-opt:0.1"], env={**os.environ, "DRY": "1"},
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    runs = [re.search(r"--output-dir (\S+) --methods (\S+)", line).groups() for line in out.splitlines()]
+    grid = "docs/vllm/load-grid"
+    assert [d for d, _ in runs[:2]] == [f"{grid}/gsm8k-c2", f"{grid}/gsm8k-c8"]
+    assert runs[2:] == [
+        (f"{grid}/gsm8k-c8-beside/exact", "exact@policy"),
+        (f"{grid}/gsm8k-c8-beside/exact", "ar"),
+        (f"{grid}/gsm8k-c8-beside/cascade-opt-0.1", "ar"),
+        (f"{grid}/gsm8k-c8-beside/cascade-opt-0.1", "cascade-opt:0.1@policy"),
+    ]
+    none = subprocess.run(["bash", str(script), "gsm8k", "8"], env={**os.environ, "DRY": "1", "BESIDE": ""},
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert len(none.splitlines()) == 1
