@@ -25,18 +25,24 @@ import sys
 from pathlib import Path
 
 
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _alone(phases: list[dict]) -> dict[tuple[str, int, str], float]:
+    """(task, c, sitting) -> the target alone's tok/s."""
+    return {(p["task"], p["concurrency"], p["sitting"]): p["tokens_per_s"] for p in phases if p["method"] == "ar"}
+
+
 def load_phases(root: Path) -> list[dict]:
     """Every phase of every ``<task>-c<c>`` directory under ``root``."""
-    phases = []
-    for path in sorted(root.glob("*/phases.jsonl")):
-        phases += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return phases
+    return [phase for path in sorted(root.glob("*/phases.jsonl")) for phase in _read(path)]
 
 
 def ratios(phases: list[dict]) -> dict[tuple[str, int, str], dict]:
     """(task, c, method) -> the phase with ``alone`` (the target alone's tok/s in its sitting) and ``ratio`` (its
     tok/s over that); the last phase where one was timed in two sittings."""
-    base = {(p["task"], p["concurrency"], p["sitting"]): p["tokens_per_s"] for p in phases if p["method"] == "ar"}
+    base = _alone(phases)
     out = {}
     for p in phases:
         paired = base.get((p["task"], p["concurrency"], p["sitting"]))
@@ -54,8 +60,8 @@ def beside_ratios(root: Path) -> dict[tuple[str, int, str], float]:
     directory and sitting (a directory without that target alone pairs nothing)."""
     pairs: dict[tuple[str, int, str], list[float]] = {}
     for path in sorted(root.glob("*/*/phases.jsonl")):
-        phases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        alone = {(p["task"], p["concurrency"], p["sitting"]): p["tokens_per_s"] for p in phases if p["method"] == "ar"}
+        phases = _read(path)
+        alone = _alone(phases)
         for p in phases:
             paired = alone.get((p["task"], p["concurrency"], p["sitting"]))
             if p["method"] != "ar" and paired is not None:
