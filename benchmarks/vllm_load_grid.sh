@@ -31,6 +31,12 @@ SCHEDULES=${SCHEDULES:-}
 BESIDE=${BESIDE-4}
 export VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0 OMP_NUM_THREADS=2
 
+bench() { # DIR METHODS, at the loop's concurrency c with its prompts
+    ${DRY:+echo} python benchmarks/bench_vllm.py --tasks "$TASK" --max-new-tokens 256 --num-prompts "$prompts" \
+        --concurrency "$c" --no-prefix-caching --policy-costs "$COSTS" --output-dir "$1" --methods "$2" \
+        --policy-settings "{\"step_log\": \"$1/policy-steps.jsonl\"}"
+}
+
 for c in ${LOADS//,/ }; do
     prompts=$((c <= 2 ? 8 : 32))
     methods=ar
@@ -55,11 +61,6 @@ for c in ${LOADS//,/ }; do
             done
         done
     done
-    bench() { # DIR METHODS
-        ${DRY:+echo} python benchmarks/bench_vllm.py --tasks "$TASK" --max-new-tokens 256 --num-prompts "$prompts" \
-            --concurrency "$c" --no-prefix-caching --policy-costs "$COSTS" --output-dir "$1" --methods "$2" \
-            --policy-settings "{\"step_log\": \"$1/policy-steps.jsonl\"}"
-    }
     bench "$OUT/$TASK-c$c" "$methods"
     if [[ "${COMMIT:-0}" == 1 ]]; then
         git add "$OUT/$TASK-c$c" && git commit -q -m "$OUT: $TASK at $c in flight" -- "$OUT/$TASK-c$c" || true
