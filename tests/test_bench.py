@@ -1361,3 +1361,24 @@ def test_vllm_load_grid_times_the_policy_beside_a_target_alone_of_its_own_from_4
     none = subprocess.run(["bash", str(script), "gsm8k", "8"], env={**os.environ, "DRY": "1", "BESIDE": ""},
                           capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert len(none.splitlines()) == 1
+
+
+def test_vllm_load_grid_runs_each_configuration_once_per_concurrency():
+    """benchmarks/vllm_load_grid.sh: at c in flight, a grid cut below c is its own phase, the smallest cut >= c
+    stands for every cut from c on (K = 3 only: at K = 5 it is fixed N = 5), and a chosen schedule (SCHEDULES) that
+    drafts 5 up to a cut >= c is fixed N = 5 there, so it is not timed twice."""
+    root = Path(__file__).resolve().parents[1]
+    script = root / "benchmarks" / "vllm_load_grid.sh"
+
+    def methods(task: str, c: int, **env: str) -> list[str]:
+        out = subprocess.run(["bash", str(script), task, str(c), "exact"], capture_output=True, text=True, check=True,
+                             env={**os.environ, "DRY": "1", "BESIDE": "", **env}).stdout  # fmt: skip
+        return re.search(r"--methods (\S+)", out).group(1).split(",")
+
+    assert methods("gsm8k", 8) == ["ar", "exact", "exact@policy"] + [
+        f"cascade-opt:0.1@sched:{cut}:{k}" for cut, k in [(2, 3), (4, 3), (8, 3), (2, 5), (4, 5)]
+    ]
+    assert methods("gsm8k", 1, GRID_RULE="") == ["ar", "exact", "exact@policy"]
+    reused = {"GRID_RULE": "", "SCHEDULES": "sched:16:5,sched:4:3"}
+    assert methods("mbpp", 8, **reused) == ["ar", "exact", "exact@policy", "exact@sched:4:3"]
+    assert methods("mbpp", 32, **reused) == ["ar", "exact", "exact@policy", "exact@sched:16:5", "exact@sched:4:3"]
