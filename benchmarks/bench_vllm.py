@@ -28,6 +28,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -90,18 +91,23 @@ class Server:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND":
                args.omp_bind, "HF_DIVERSED_VLLM_WEIGHT_LOG": str(self.weight_log)}  # fmt: skip
         self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        # its own process group: vLLM's engine core and CPU worker are children that outlive a killed server
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)  # fmt: skip
         self.base = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 1800
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.base}/health", timeout=5)
-                return
-            except OSError:
-                if self.process.poll() is not None or time.time() > deadline:
-                    self.stop()
-                    raise SystemExit(f"the vLLM server did not start; see {log}") from None
-                time.sleep(3)
+        try:
+            while True:
+                try:
+                    urllib.request.urlopen(f"{self.base}/health", timeout=5)
+                    return
+                except OSError:
+                    if self.process.poll() is not None or time.time() > deadline:
+                        raise SystemExit(f"the vLLM server did not start; see {log}") from None
+                    time.sleep(3)
+        except BaseException:  # a failed start, or the bench stopped while the server loads
+            self.stop()
+            raise
 
     def counters(self) -> dict[str, float]:
         text = urllib.request.urlopen(f"{self.base}/metrics", timeout=30).read().decode()
@@ -127,12 +133,27 @@ class Server:
             return json.loads(response.read())
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        """The server and every process it started: SIGTERM to its group, SIGKILL to what is left after 120 s."""
+        stop_process_group(self.process)
         self.log.close()
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Stop ``process`` (started with ``start_new_session=True``) and its whole group, children included."""
+    _signal_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(process.pid, signal.SIGKILL)  # workers that outlived their parent
+    process.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _append(path: Path, record: dict) -> None:
@@ -402,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
+        # a stopped bench (kill, timeout) unwinds, so each started server's group is stopped with it
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         import torch
         from transformers import AutoTokenizer
 
