@@ -818,6 +818,30 @@ def test_full_size_recipe_parses_and_validates(recipe_name, monkeypatch):
         assert config.max_train_prompts == 400 and min(eval_ids) >= 150
 
 
+def test_budget_recipe_continues_the_cascade_start_head_on_prompts_it_has_not_seen(monkeypatch):
+    """gsm8k-budget.yaml, the larger-budget remedy: it starts from the shipped cascade-start head (trained on the
+    first 400 training rows) and draws 1,600 rollouts, one each from training rows it never saw, in blocks that fill
+    the sampler's 128 rows, saving and evaluating at block boundaries (exact resume) on gsm8k-full's held-out rows."""
+    require_data_dir()
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import train
+
+    from hf_diversed.evaluation.tasks import get_task, parse_split
+
+    config = train.parse_config(["--config", str(ROOT / "training" / "recipes" / "gsm8k-budget.yaml")])
+    start = train.parse_config(["--config", str(ROOT / "training" / "recipes" / "gsm8k-full.yaml")])
+    assert (ROOT / config.init_head / "model.safetensors").is_file()
+    split, rows = parse_split(config.train_split)
+    size = len(get_task(config.task).load(split))
+    trained_before = set(range(size)[: start.max_train_prompts])
+    new = set(range(size)[rows])
+    batches = config.max_steps // config.num_iterations
+    assert len(new) == batches * config.num_prompts * config.num_generations == 1600 and not new & trained_before
+    assert config.steps_per_generation * config.num_prompts == config.rollout_batch_size == 128
+    assert config.save_steps % config.updates_per_generation == 0 == config.eval_steps % config.updates_per_generation
+    assert (config.eval_split, config.num_eval_prompts) == (start.eval_split, start.num_eval_prompts)
+
+
 _DISTRIBUTED_SCRIPT = """
 import os, sys
 import datasets, torch
