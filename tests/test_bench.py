@@ -1421,3 +1421,23 @@ def test_bench_vllm_stops_the_servers_children_with_it(tmp_path, monkeypatch):
         time.sleep(0.05)
     bench_vllm.stop_process_group(started, timeout=5)
     assert started.returncode is not None and not _alive(int((tmp_path / "kept").read_text()))
+
+
+def test_cascade_frontier_draws_every_rule_in_one_sampler_call_in_its_tasks_table1_dtype():
+    """benchmarks/cascade_frontier.sh (DRY=1 prints its bench invocation): the frontier's rules that Table 1 has not
+    run on 150 rows, in one resumable invocation (the sampler keeps its 128 rows full across them), at the dtype of
+    the task's Table 1 rows; an unknown task is refused in one line."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cascade_frontier.sh"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), *args], env={**os.environ, "DRY": "1"}, capture_output=True,
+                              text=True)  # fmt: skip
+
+    (line,) = run("gsm8k").stdout.splitlines()
+    assert re.search(r"--methods (\S+)", line).group(1).split(",") == [
+        "cascade-opt:0.2", "cascade-opt:0.05", "lossy:0.8", "cascade-opt:0.3", "lossy:0.2", "cascade-opt:0.5",
+    ]  # fmt: skip
+    assert "--dtype float32" in line and "--batch-size 128" in line and "--output-dir docs/table1/gsm8k" in line
+    assert "--dtype bfloat16 " in run("mbpp", "lossy:0.2").stdout
+    refused = run("xsum")
+    assert refused.returncode == 2 and refused.stderr.strip() == "unknown task 'xsum': pass gsm8k or mbpp"
