@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -1385,27 +1386,25 @@ def test_vllm_load_grid_runs_each_configuration_once_per_concurrency():
     assert methods("mbpp", 32, **reused) == ["ar", "exact", "exact@policy", "exact@sched:16:5", "exact@sched:4:3"]
 
 
-def _alive(pid: int, within: float = 5.0) -> bool:
-    """Whether ``pid`` still runs ``within`` seconds from now (a zombie, not yet reaped by its parent, is gone)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
-                return False
-        except FileNotFoundError:
-            return False
-        if time.monotonic() > deadline:
-            return True
-        time.sleep(0.05)
+def _reap(pid: int) -> int:
+    """Wait for ``pid``, an orphaned descendant of this process (made its subreaper), and return the signal that
+    ended it (0: it exited on its own). No clock: an orphan that was not killed ends its 300 s sleep and reads 0."""
+    _, status = os.waitpid(pid, 0)
+    return os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
 
 
-def test_bench_vllm_stops_the_servers_children_with_it(tmp_path, monkeypatch):
+def test_bench_vllm_stops_the_servers_children_with_it(tmp_path, monkeypatch, request):
     """benchmarks/bench_vllm.py starts vLLM's server in a process group of its own and stops the whole group: a
     child that ignores SIGTERM and outlives the server (as vLLM's CPU worker can) is killed, also when the server
     fails to start."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import ctypes
+
     import bench_vllm
 
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans come back to this process, to be reaped below
+    request.addfinalizer(lambda: prctl(36, 0))
     fake = tmp_path / "python"  # stands for vLLM's python: leaves a stubborn child, then fails
     fake.write_text(f'#!/bin/bash\n(trap "" TERM; exec sleep 300) &\necho $! > {tmp_path}/child\nsleep 1\nexit 1\n')
     fake.chmod(0o755)
@@ -1413,14 +1412,14 @@ def test_bench_vllm_stops_the_servers_children_with_it(tmp_path, monkeypatch):
                               no_prefix_caching=True, kv_cache_gib=1, omp_bind="0")  # fmt: skip
     with pytest.raises(SystemExit, match="did not start"):
         bench_vllm.Server(args, tmp_path, None, "float32", tmp_path / "server.log", "ar")
-    assert not _alive(int((tmp_path / "child").read_text()))
+    assert _reap(int((tmp_path / "child").read_text())) == signal.SIGKILL
 
     started = subprocess.Popen(["bash", "-c", f'(trap "" TERM; exec sleep 300) & echo $! > {tmp_path}/kept; wait'],
                                start_new_session=True)  # fmt: skip
     while not (tmp_path / "kept").is_file() or not (tmp_path / "kept").read_text().strip():
         time.sleep(0.05)
     bench_vllm.stop_process_group(started, timeout=5)
-    assert started.returncode is not None and not _alive(int((tmp_path / "kept").read_text()))
+    assert started.returncode is not None and _reap(int((tmp_path / "kept").read_text())) == signal.SIGKILL
 
 
 def test_cascade_frontier_draws_every_rule_in_one_sampler_call_in_its_tasks_table1_dtype():
