@@ -30,7 +30,7 @@ commit() {
 if [[ "${COMMIT:-0}" == 1 ]]; then
     (while sleep "${COMMIT_EVERY:-1200}"; do commit "records so far"; done) &
     committer=$!
-    trap 'kill $committer 2>/dev/null || true' EXIT
+    trap 'pkill -P $committer 2>/dev/null; kill $committer 2>/dev/null || true' EXIT # its sleep too
 fi
 ${DRY:+echo} hf-diversed bench --tasks "$TASK" --methods "$RULES" --num-examples 150 --temperature 1 \
     --max-new-tokens 512 --num-assistant-tokens 5 --timed-examples 0 --batch-size 128 --threads 2 --dtype "$DTYPE" \
