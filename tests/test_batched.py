@@ -328,3 +328,18 @@ def test_real_pair_greedy_equals_generate():
     for result in sample_batched(target, draft, requests, config, batch_size=3):
         tokens, stats = _generate(target, draft, ids, config, result.tag, head)
         _assert_same(tokens, stats, result, f"real pair, {result.tag}")
+
+
+def test_the_caller_keeps_its_grad_mode_between_results(pair):
+    """The sampler decodes without autograd, but a caller that trains between results (or leaves the iterator
+    unfinished) does so in its own grad mode."""
+    target, draft, _ = pair
+    config = SamplerConfig(max_new_tokens=4, do_sample=False, num_assistant_tokens=2)
+    results = sample_batched(target, draft, [SampleRequest(p, "exact") for p in prompts(2, seed=3)], config,
+                             batch_size=1)  # fmt: skip
+    next(results)
+    assert torch.is_grad_enabled()
+    with torch.no_grad():
+        next(results)
+        assert not torch.is_grad_enabled()
+    assert torch.is_grad_enabled()

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("batched_sampling.py", ["prompt 1 diversed", "generate, prompt 0 diversed"]),
         ("trim_draft_vocabulary.py", ["kept 8 of 64 ids", "exact     :", "proposes from its kept ids: Trimmed"]),
         ("train_head_tiny.py", ["untrained head: acceptance", "trained   head: acceptance", "model card"]),
+        ("lenience_head.py", ["= lossy:0.3 token for token: True", "varying lenience head: mean l"]),
         (
             "compiled_generation.py",
             [

@@ -790,9 +790,9 @@ def test_cli_refuses_a_bad_setting_in_one_line(monkeypatch, capsys):
     assert config.report_to == ["tensorboard", "wandb"]
 
 
-@pytest.mark.parametrize("recipe_name", ["gsm8k-full", "mbpp-full", "cnndm-full"])
+@pytest.mark.parametrize("recipe_name", ["gsm8k-full", "mbpp-full", "cnndm-full", "gsm8k-lenience"])
 def test_full_size_recipe_parses_and_validates(recipe_name, monkeypatch):
-    """The paper-budget recipes: 800 rollouts, blocks of 8 steps, exact resume, evaluation rows never trained on
+    """The paper-budget recipes: 800 rollouts, blocks of whole batches, exact resume, evaluation rows never trained on
     (and, for GSM8K, outside Table 1's test rows 0-149)."""
     require_data_dir()
     monkeypatch.syspath_prepend(str(ROOT / "training"))

@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from hf_diversed import Diversed, ExactSD, LossySD, SpecCascade, StaticEnsemble, TokenClassEnsemble, parse_rule
-from hf_diversed.generation.verification import parse_token_class_rule
+from hf_diversed.generation.verification import (
+    DiversedLossy,
+    lenience_overlap,
+    parse_token_class_rule,
+    rule_for_head,
+)
 from hf_diversed.modeling.distances import total_variation
 
 V, N, EPS, ACC_EPS = 8, 200_000, 0.007, 0.006
@@ -24,6 +29,7 @@ RULES = [
     StaticEnsemble(0.8),
     Diversed(),
     LossySD(0.5),
+    DiversedLossy(),  # l_t = 0.35 from the "head"
     SpecCascade("chow", 0.4),
     SpecCascade("diff", 0.1),
     SpecCascade("opt", 0.5),
@@ -40,9 +46,10 @@ def _dists(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _expected_law(rule, p, q, w):
     """The law each docstring states, written independently of the implementation."""
     if isinstance(rule, LossySD):
-        beta = torch.minimum(q, p / rule.lenience).sum()
-        res = (p - rule.lenience * q).clamp_min(0)
-        return torch.minimum(q, p / rule.lenience) + (1 - beta) * res / res.sum()
+        lenience = w if isinstance(rule, DiversedLossy) else rule.lenience  # a lenience head's l_t is its output
+        beta = torch.minimum(q, p / lenience).sum()
+        res = (p - lenience * q).clamp_min(0)
+        return torch.minimum(q, p / lenience) + (1 - beta) * res / res.sum()
     return w * p + (1 - w) * q  # every mixture rule: pi = w p + (1 - w) q
 
 
@@ -174,6 +181,7 @@ def test_static_ensemble_ratio_is_bitwise_transformers_expression():
     [
         ("exact", ExactSD()),
         ("diversed", Diversed()),
+        ("diversed-lossy", DiversedLossy()),
         ("static:0.5", StaticEnsemble(0.5)),
         ("lossy:0.7", LossySD(0.7)),
         ("cascade-chow:0.2", SpecCascade("chow", 0.2)),
@@ -200,6 +208,47 @@ def test_parse_rule(spec, expected):
 def test_bad_rules_raise_with_fix(bad, message):
     with pytest.raises(ValueError, match=message):
         parse_rule(bad)
+
+
+def test_a_head_runs_its_own_rule():
+    """ "diversed" with a head means the head's rule: the mixture for a mixture head, lossy SD at l_t for a lenience
+    head; "diversed-lossy" with a mixture head is refused; rules without a head are left alone."""
+    mixture = Diversed()
+    assert rule_for_head(mixture, "mixture") is mixture  # engines group equal rows by the rule object
+    assert rule_for_head(mixture, "lenience") == DiversedLossy()
+    assert rule_for_head(mixture, "lenience") is rule_for_head(Diversed(), "lenience")
+    assert rule_for_head(DiversedLossy(), "lenience") == DiversedLossy()
+    assert rule_for_head(StaticEnsemble(0.5), "lenience") == StaticEnsemble(0.5)
+    with pytest.raises(ValueError, match="needs a lenience head"):
+        rule_for_head(DiversedLossy(), "mixture")
+
+
+def test_lenience_head_output_is_clamped_to_a_positive_lenience():
+    """l_t = 0 would accept every token the target can emit with ratio p / 0: the head's output is floored."""
+    p = q = torch.full((1, 2, V), 1.0 / V)
+    w = DiversedLossy().weights(p, q, torch.tensor([[0.0, 1.5]]))
+    assert float(w[0, 0]) > 0 and float(w[0, 1]) == 1.0
+    with pytest.raises(ValueError, match="diversed_head"):
+        DiversedLossy().weights(p, q, None)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lenience_overlap_is_the_accepted_mass_and_its_slope(seed):
+    """S(l) = sum min(p, l q): lossy SD at l accepts with S / l, its residual has mass 1 - S, and dS/dl matches a
+    finite difference (S is piecewise linear: a small step stays on one piece for these draws)."""
+    zp, zq = _dists(seed)
+    p, q = zp.softmax(-1), zq.softmax(-1)
+    for lenience in (0.05, 0.35, 0.8, 1.0):
+        l_t = torch.tensor(lenience)
+        overlap, slope = lenience_overlap(p, q, l_t)
+        accept = LossySD(lenience).acceptance_probability(p.view(1, 1, V), q.view(1, 1, V), torch.ones(1, 1))
+        assert math.isclose(float(overlap / l_t), float(accept), abs_tol=1e-6)
+        assert math.isclose(float(1 - overlap), float(LossySD(lenience).residual(p, q, l_t).sum()), abs_tol=1e-6)
+        h = 1e-4
+        below, _ = lenience_overlap(p, q, l_t - h)
+        assert math.isclose(float(slope), float((overlap - below) / h), abs_tol=2e-3)
+    at_one, _ = lenience_overlap(p, q, torch.tensor(1.0))
+    assert math.isclose(float(at_one), float(1 - total_variation(p, q)), abs_tol=1e-6)
 
 
 def test_token_class_weight_is_exact_where_a_class_token_is_likely():

@@ -208,11 +208,8 @@ def check_first_position(rule_spec, outputs, drafts, accepted_first, references,
     next_laws, tokenizer = references
     rule = parse_rule(rule_spec or "exact", tokenizer=tokenizer)
     p, q, h_t, h_d = next_laws([prompt_ids + out[:1] for out in outputs], hidden=True)
-    w = (
-        rule.weights(p.unsqueeze(1), q.unsqueeze(1), None)
-        if head is None
-        else head_weights(head, p, q, h_t, h_d)[:, None]
-    )
+    head_w = None if head is None else head_weights(head, p, q, h_t, h_d)[:, None]
+    w = rule.weights(p.unsqueeze(1), q.unsqueeze(1), head_w)  # a lenience head's l_t is floored by its rule
     laws = rule.output_law(p.unsqueeze(1), q.unsqueeze(1), w).squeeze(1)
     statistic, df = wald_statistic([out[1] for out in outputs], laws)
     assert statistic < chi_square_quantile(df), (rule_spec, statistic, df)
@@ -272,13 +269,16 @@ def test_ignoring_w_fails_the_law_check(llm, references, monkeypatch):
 # ----------------------------------------------------------------------------------------- the DIVERSED head
 
 
-def _build_head(root, name: str, *, scale: float, init_weight: float = 0.5, features: bool = False, seed: int = 2):
+def _build_head(
+    root, name: str, *, scale: float, init_weight: float = 0.5, features: bool = False, seed: int = 2,
+    verification: str = "mixture",
+):  # fmt: skip
     """A head for the tiny pair saved to ``root/name``: ``scale`` > 0 draws its output layer at random, so w varies
     with the hidden states (scale 0: a fresh head, w = init_weight everywhere)."""
     torch.manual_seed(seed)
     config = DiversedHeadConfig(
         target_hidden_size=128, draft_hidden_size=128, init_weight=init_weight, use_distribution_features=features,
-        head_hidden_size=16 if features else 0,
+        head_hidden_size=16 if features else 0, verification=verification,
     )  # fmt: skip
     head = DiversedHead(config).eval()
     if scale:
@@ -296,6 +296,7 @@ def heads(tmp_path_factory):
         "varying": _build_head(root, "varying", scale=0.15),
         "features": _build_head(root, "features", scale=1.0, features=True, init_weight=0.3, seed=3),
         "fresh": _build_head(root, "fresh", scale=0.0, init_weight=0.3),
+        "lenience": _build_head(root, "lenience", scale=0.15, init_weight=0.4, seed=4, verification="lenience"),
     }
 
 
@@ -308,6 +309,16 @@ def test_a_head_gives_the_mixture_law_with_its_own_weights(llm, references, head
     outputs, drafts, first = _generate(llm, prompt, [("diversed_head", path)] * N)
     _, w = check_first_position("diversed", outputs, drafts, first, references, prompt, head=head)
     assert w.std() > 0.1 and 0.05 < w.mean() < 0.95  # w varies by position: a constant w would not test the head
+
+
+def test_a_lenience_head_gives_lossy_sds_law_at_its_own_lenience(llm, references, heads):
+    """A lenience head (``verification="lenience"``): the law at the first drafted position is lossy SD's at l_t, the
+    head's output on the two models' hidden states there (vLLM verifies exactly against t = p / l_t)."""
+    path, head = heads["lenience"]
+    prompt = _prompt_ids(references)
+    outputs, drafts, first = _generate(llm, prompt, [("diversed_head", path)] * N, seed0=5 * 10**6)
+    _, lenience = check_first_position("diversed-lossy", outputs, drafts, first, references, prompt, head=head)
+    assert lenience.std() > 0.05 and 0.05 < lenience.mean() < 0.95  # l_t varies by position
 
 
 def test_a_fresh_head_is_the_static_ensemble(llm, references, heads, monkeypatch, tmp_path):

@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     card = render_head_card(repo_id=repo_id, target_model=target, draft_model=draft,
                             vocab_size=head_config.get("vocab_size"), task=task,
                             weights=weights_sentence(weights), training=training,
-                            evaluation="\n".join(evaluation))  # fmt: skip
+                            evaluation="\n".join(evaluation),
+                            verification=head_config.get("verification", "mixture"))  # fmt: skip
     head_config.update(target_model=target, draft_model=draft, task=task, training_weights=weights)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_text(json.dumps(head_config, indent=2, sort_keys=True) + "\n")

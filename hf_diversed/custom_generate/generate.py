@@ -190,6 +190,12 @@ class EnsembleHead:
                 f"{name!r} holds a {config.get('model_type')!r} model, not a DIVERSED head (model_type "
                 "'diversed_head'). Pass diversed_head=<a DIVERSED head repository or directory>."
             )
+        if config.get("verification", "mixture") != "mixture":
+            raise ValueError(
+                f"{name!r} is a lenience head (it sets lossy SD's lenience per position), which this generate does "
+                "not run: pip install hf-diversed and call target.generate(..., assistant_model=draft, "
+                "diversed_head=<this head>) without custom_generate."
+            )
         self.name = name
         self.config = config
         self.draft_hidden_size = int(config["draft_hidden_size"])

@@ -10,13 +10,13 @@ import torch
 
 from ..modeling.draft_vocabulary import apply_draft_vocabulary, padded_draft_vocab_size
 from ..modeling.hub import load_head
-from ..modeling.modeling_diversed_head import DiversedHead
+from ..modeling.modeling_diversed_head import DiversedHead, head_verification
 from . import _compat
 from .checks import check_pair
 from .decoding import DecodingSettings, assisted_decoding
 from .static_loop import static_assisted_decoding
 from .stats import DiversedStats
-from .verification import Diversed, VerificationRule, parse_rule
+from .verification import Diversed, VerificationRule, parse_rule, rule_for_head
 
 _GENERATE_SIGNATURE = inspect.signature(_compat.original_generate)
 _LAST_STATS_ATTR = "_hf_diversed_last_stats"
@@ -91,6 +91,8 @@ def diversed_generate(model, original_generate, *args, **kwargs):
     check_pair(model, draft, None, tokenizer=extra.get("tokenizer"))
     head = _resolve_head(head_arg, model) if head_arg is not None else None
     check_pair(model, draft, head)
+    if head is not None:
+        rule = rule_for_head(rule, head_verification(head))  # a lenience head runs lossy SD at its l_t
     num_tokens, schedule = _user_draft_length(bound)
 
     settings = DecodingSettings(

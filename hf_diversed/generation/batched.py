@@ -46,6 +46,7 @@ from ..modeling.draft_vocabulary import (
 from ..modeling.modeling_diversed_head import (
     DiversedHead,
     distribution_features,
+    head_verification,
     position_weights,
     reads_distribution_features,
 )
@@ -54,7 +55,7 @@ from .candidate_generator import LastHiddenStateRecorder
 from .checks import CONTEXT_FREE_PROCESSORS, check_pair
 from .stats import DiversedStats
 from .trace import Trace, TraceBuilder
-from .verification import VerificationRule, parse_rule
+from .verification import VerificationRule, lenience_overlap, parse_rule, rule_for_head
 
 __all__ = ["SampleRequest", "SampleResult", "SamplerConfig", "sample_batched"]
 
@@ -298,6 +299,7 @@ class _Sampler:
             )
         if request.head is not None:
             check_pair(self.target.model, self.draft.model, request.head)
+            rule = rule_for_head(rule, head_verification(request.head))  # a lenience head runs lossy SD
         generator = None
         if self.config.do_sample:
             generator = torch.Generator().manual_seed(int(request.seed))
@@ -488,6 +490,7 @@ class _Sampler:
         if any(row.trace is not None for row in rows):
             top_p, top_q = p.argmax(-1).tolist(), q.argmax(-1).tolist()
             max_p, max_q = p.amax(-1).tolist(), q.amax(-1).tolist()
+            overlap, overlap_slope = (t.tolist() for t in lenience_overlap(p, q, w))
         for i, row in enumerate(rows):
             if row.k < row.round_n:  # a drafted position
                 if x[i] in self.eos:
@@ -502,6 +505,7 @@ class _Sampler:
                     row.trace.append(
                         tokens=token, p_y=float(p[i, token]), q_y=float(q[i, token]), tv=tv_list[i], w=w_list[i],
                         accepted=ok, top_p=top_p[i], top_q=top_q[i], max_p=max_p[i], max_q=max_q[i],
+                        overlap=overlap[i], overlap_slope=overlap_slope[i],
                         h_draft=h_draft[i].float().cpu(), h_target=h_target[i].float().cpu(),
                     )  # fmt: skip
             else:  # the bonus position
@@ -555,8 +559,8 @@ class _Sampler:
             waiting_per_prompt[key] = waiting_per_prompt.get(key, 0) + 1
         prefixes: dict[tuple[int, ...], _Prefix] = {}
         next_request = 0
-        with torch.no_grad():
-            while True:
+        while True:  # autograd off while decoding, never across a yield: the caller runs in its own grad mode
+            with torch.no_grad():
                 joining = []
                 while next_request < len(requests) and len(self.rows) + len(joining) < self.batch_size:
                     request, key = requests[next_request], keys[next_request]
@@ -575,16 +579,16 @@ class _Sampler:
                 if not self.rows:
                     return
                 tokens, finished = self._decide()
-                for i in finished:
-                    yield self._result(self.rows[i])
+                results = [self._result(self.rows[i]) for i in finished]
+            yield from results
+            with torch.no_grad():
                 if finished:
                     done = set(finished)
                     keep = [i for i in range(len(self.rows)) if i not in done]
                     tokens = tokens[keep] if keep else tokens[:0]
                     self._leave(keep, more_waiting=next_request < len(requests))
-                if not self.rows:
-                    continue
-                self._forward(tokens.to(self.device))
+                if self.rows:
+                    self._forward(tokens.to(self.device))
 
     def _prefill(self, key: tuple[int, ...], waiting: int) -> _Prefix:
         ids = torch.tensor([key], dtype=torch.long, device=self.device)

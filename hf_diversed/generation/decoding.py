@@ -35,7 +35,7 @@ from ._compat import (
 from .candidate_generator import DiversedCandidateGenerator, LastHiddenStateRecorder
 from .stats import DiversedStats
 from .trace import Trace
-from .verification import VerificationRule
+from .verification import VerificationRule, lenience_overlap
 
 
 @dataclass
@@ -80,6 +80,8 @@ def _trace_round(
     tokens = valid_tokens[0, :k]
     p = new_logits[0, :k].float().softmax(-1)
     q = candidate_logits[0, :k].float().softmax(-1)
+    w = weight[0, :k].detach().float().to(p.device)
+    overlap, overlap_slope = lenience_overlap(p, q, w)
     h_target = h_draft = None
     if target_recorder is not None and candidate_generator.draft_hidden_states is not None:
         h_target = target_recorder.states[-1][0, -candidate_length - 1 : -1][:k].detach().float().cpu()
@@ -89,7 +91,7 @@ def _trace_round(
         p_y=p.gather(-1, tokens.view(-1, 1).to(p.device)).squeeze(-1).detach().cpu(),
         q_y=q.gather(-1, tokens.view(-1, 1).to(q.device)).squeeze(-1).detach().cpu(),
         tv=tv[0, :k].detach().float().cpu(),
-        w=weight[0, :k].detach().float().cpu(),
+        w=w.cpu(),
         accepted=torch.arange(k) < num_accepted,
         top_p=p.argmax(-1).detach().cpu(),
         top_q=q.argmax(-1).detach().cpu(),
@@ -97,6 +99,8 @@ def _trace_round(
         max_q=q.amax(-1).detach().cpu(),
         h_draft=h_draft,
         h_target=h_target,
+        overlap=overlap.detach().cpu(),
+        overlap_slope=overlap_slope.detach().cpu(),
     )
 
 

@@ -24,7 +24,9 @@ class Trace:
     TV(p_t, q_t), ``w`` the mixture weight the rule used, so the rule's law there is
     nu_t(y) = w_t p_t(y) + (1 - w_t) q_t(y); ``accepted`` whether y_t is an accepted draft (False: the
     correction); ``top_p`` / ``top_q`` = argmax p_t / q_t and ``max_p`` / ``max_q`` their probabilities;
-    ``h_draft`` / ``h_target`` the head's inputs (None where the loop ran without a head).
+    ``h_draft`` / ``h_target`` the head's inputs (None where the loop ran without a head); ``overlap`` = S_t(w_t) =
+    sum_v min(p_t(v), w_t q_t(v)) and ``overlap_slope`` its derivative in w_t (``lenience_overlap``), which a
+    lenience head's law at its output l_t = w_t reads (None in traces recorded before they were).
 
     Shapes (T,) (``h_*``: (T, D_draft), (T, D_target)); tokens, ``top_*`` int64, ``accepted`` bool, the rest
     float32; detached, on CPU.
@@ -42,6 +44,8 @@ class Trace:
     max_q: torch.Tensor
     h_draft: torch.Tensor | None = None
     h_target: torch.Tensor | None = None
+    overlap: torch.Tensor | None = None
+    overlap_slope: torch.Tensor | None = None
 
     @property
     def num_positions(self) -> int:
@@ -83,6 +87,8 @@ _DTYPES = {
     "top_q": torch.long,
     "max_p": torch.float32,
     "max_q": torch.float32,
+    "overlap": torch.float32,
+    "overlap_slope": torch.float32,
 }
 
 

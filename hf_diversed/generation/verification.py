@@ -27,15 +27,18 @@ from ..modeling.distances import total_variation
 
 __all__ = [
     "Diversed",
+    "DiversedLossy",
     "ExactSD",
     "LossySD",
     "SpecCascade",
     "StaticEnsemble",
     "TOKEN_CLASSES",
     "TokenClassEnsemble",
+    "lenience_overlap",
     "Verdict",
     "VerificationRule",
     "parse_rule",
+    "rule_for_head",
     "parse_token_class_spec",
 ]
 
@@ -386,8 +389,9 @@ class LossySD(VerificationRule):
     """Lossy speculative decoding with lenience l in (0, 1] (Leviathan et al. 2023, appendix).
 
     Sampling: accept x with min(1, p(x) / (l * q(x))); residual norm(max(0, p - l * q)). Output law:
-    P(y) = min(q(y), p(y)/l) + (1 - beta) * norm(max(0, p - l q))(y), beta = sum_v min(q(v), p(v)/l);
-    l = 1 is exact SD. Greedy: accept iff p(x) >= l * max p; correction argmax p; bonus argmax p.
+    P(y) = min(q(y), p(y)/l) + (1 - beta) * norm(max(0, p - l q))(y), beta = sum_v min(q(v), p(v)/l) = S(l) / l with
+    S(l) = sum_v min(p(v), l q(v)); l = 1 is exact SD. Greedy: accept iff p(x) >= l * max p; correction argmax p;
+    bonus argmax p.
     """
 
     lenience: float = 0.5
@@ -399,22 +403,71 @@ class LossySD(VerificationRule):
         ):
             raise ValueError(f"LossySD lenience l must be in (0, 1], got {self.lenience!r}. Pass e.g. LossySD(0.5).")
 
+    def lenience_at(self, w: torch.Tensor) -> torch.Tensor | float:
+        """l_t per position given the rule's weights ``w``: the constant l (a lenience head: its output)."""
+        return self.lenience
+
     def acceptance_ratio(self, p_x, q_x, w):
-        return p_x / (self.lenience * q_x)
+        return p_x / (self.lenience_at(w) * q_x)
 
     def residual(self, p, q, w):
-        return (p - self.lenience * q).clamp_min(0)
+        return (p - _per_token(self.lenience_at(w)) * q).clamp_min(0)
 
     def exact_target(self, p, q, w):
         """t = p / l: min(1, t/q) = min(1, p / (l q)) and max(0, t - q) = max(0, p - l q) / l."""
-        return p / self.lenience
+        return p / _per_token(self.lenience_at(w))
 
     def greedy_accept(self, draft_tokens, p, q, w, target_logits):
-        accepted = _gather_token_probs(p, draft_tokens) >= self.lenience * p.amax(-1)
+        accepted = _gather_token_probs(p, draft_tokens) >= self.lenience_at(w) * p.amax(-1)
         return accepted, target_logits[:, : q.shape[1]].argmax(-1)
 
     def spec(self) -> str:
         return f"lossy:{self.lenience:g}"
+
+
+def _per_token(lenience: torch.Tensor | float) -> torch.Tensor | float:
+    """A per-position lenience (..., ) broadcast over the vocabulary (..., 1); a constant as it is."""
+    return lenience.unsqueeze(-1) if isinstance(lenience, torch.Tensor) else lenience
+
+
+def lenience_overlap(p: torch.Tensor, q: torch.Tensor, lenience: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """S(l) = sum_v min(p(v), l q(v)) and its slope dS/dl = sum_{v: l q(v) < p(v)} q(v), per position: ``p``, ``q``
+    (..., V), ``lenience`` (...,) -> two (...,). Lossy SD at l accepts with probability S(l) / l, and its residual
+    max(0, p - l q) has mass 1 - S(l); S is concave in l, S(1) = 1 - TV(p, q)."""
+    scaled = lenience.unsqueeze(-1) * q
+    return torch.minimum(p, scaled).sum(-1), torch.where(scaled < p, q, torch.zeros_like(q)).sum(-1)
+
+
+LENIENCE_FLOOR = 1e-3  # a lenience head's smallest l_t: p(x) / (l q(x)) stays finite
+
+
+@dataclass(frozen=True)
+class DiversedLossy(LossySD):
+    """DIVERSED with a lenience head: lossy SD whose lenience l_t = head(h_draft_t, h_target_t) is set per position
+    (clamped to [LENIENCE_FLOOR, 1]).
+
+    Accept x ~ q_t with min(1, p_t(x) / (l_t q_t(x))); residual norm(max(0, p_t - l_t q_t)). Unlike a mixture
+    nu_t, which passes a token the target gives no mass with probability 1 - w_t, this never accepts one with
+    p_t(x) = 0 and always accepts one with p_t(x) >= l_t q_t(x). The head sees only the context, so the output law
+    at t is :meth:`LossySD.output_law` at l_t; l_t = 1 is exact SD.
+    """
+
+    lenience: float = 1.0  # unused: l_t comes from the head
+    name = "diversed-lossy"
+    needs_head = True
+
+    def weights(self, p, q, head_weight):
+        if head_weight is None:
+            raise ValueError(
+                "The DIVERSED lenience rule needs per-position lenience from a head; pass `diversed_head=`."
+            )
+        return head_weight.clamp(LENIENCE_FLOOR, 1.0)
+
+    def lenience_at(self, w):
+        return w
+
+    def spec(self) -> str:
+        return self.name
 
 
 def _check_unit_interval(what: str, value: float, example: str) -> None:
@@ -424,7 +477,7 @@ def _check_unit_interval(what: str, value: float, example: str) -> None:
 
 _SPEC = re.compile(r"^(?P<name>[a-z]+)(?:-(?P<variant>[a-z]+))?(?::(?P<value>[^:]+))?$")
 RULE_SPECS = (
-    "exact", "diversed", "static:W", "lossy:L", "cascade-chow:A", "cascade-diff:A", "cascade-opt:A",
+    "exact", "diversed", "diversed-lossy", "static:W", "lossy:L", "cascade-chow:A", "cascade-diff:A", "cascade-opt:A",
     "token-class:CLASS:W",
 )  # fmt: skip
 _TOKEN_CLASS_SPEC = re.compile(r"^token-class:(?P<label>[a-z_]+)(?::(?P<value>[^:]+))?$")
@@ -479,6 +532,8 @@ def parse_rule(spec: str | VerificationRule, tokenizer=None) -> VerificationRule
         raise ValueError(f"Rule {spec!r} has a non-numeric parameter {value!r}. {hint}") from None
     if name in ("exact", "diversed") and variant is None and number is None:
         return ExactSD() if name == "exact" else Diversed()
+    if name == "diversed" and variant == "lossy" and number is None:
+        return DiversedLossy()
     if name == "static" and variant is None and number is not None:
         return StaticEnsemble(number)
     if name == "lossy" and variant is None and number is not None:
@@ -486,6 +541,24 @@ def parse_rule(spec: str | VerificationRule, tokenizer=None) -> VerificationRule
     if name == "cascade" and number is not None:
         return SpecCascade(variant or "opt", number)
     raise ValueError(f"Unknown verification rule {spec!r}. {hint}")
+
+
+def rule_for_head(rule: VerificationRule, verification: str) -> VerificationRule:
+    """The rule that runs with a head whose output sets ``verification`` (``"mixture"``: w_t, DIVERSED;
+    ``"lenience"``: l_t, :class:`DiversedLossy`). A rule that needs no head is returned as it is; "diversed" means the
+    head's own rule; "diversed-lossy" with a mixture head is refused."""
+    if not rule.needs_head:
+        return rule
+    if isinstance(rule, DiversedLossy) and verification != "lenience":
+        raise ValueError(
+            "Rule 'diversed-lossy' needs a lenience head (config.verification='lenience'), but this head sets the "
+            "mixture weight; use diversed_verifier='diversed' (or drop it) with this head."
+        )
+    own = _HEAD_RULES["lenience" if verification == "lenience" else "mixture"]
+    return rule if type(rule) is type(own) else own  # the same object for equal rows: engines group rows by it
+
+
+_HEAD_RULES = {"mixture": Diversed(), "lenience": DiversedLossy()}
 
 
 def parse_token_class_rule(spec: str, tokenizer) -> TokenClassEnsemble:

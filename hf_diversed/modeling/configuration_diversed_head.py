@@ -6,6 +6,8 @@ import math
 
 from transformers import PreTrainedConfig
 
+VERIFICATIONS = ("mixture", "lenience")  # the head's output: the mixture weight w_t, or lossy SD's lenience l_t
+
 
 class DiversedHeadConfig(PreTrainedConfig):
     """Configuration of a :class:`DiversedHead`.
@@ -15,6 +17,9 @@ class DiversedHeadConfig(PreTrainedConfig):
         draft_hidden_size: width of the draft model's last hidden state.
         init_weight: the weight w a freshly initialised head outputs for every input (its output layer
             starts at zero), so a fresh head is the static ensemble with this w.
+        verification: what the head's output sets per position: ``"mixture"`` (the paper's DIVERSED) the weight w_t of
+            nu_t = w_t p_t + (1 - w_t) q_t; ``"lenience"`` the lenience l_t of lossy SD (accept x with
+            min(1, p_t(x) / (l_t q_t(x)))), so a fresh lenience head is lossy SD with l = init_weight.
         head_hidden_size: 0 for the paper's single linear layer on ``[h_draft; h_target]``; > 0 adds one
             hidden layer of that width (SiLU).
         normalize_features: RMS-normalise each hidden state before the head (parameter-free), so the
@@ -39,6 +44,7 @@ class DiversedHeadConfig(PreTrainedConfig):
         target_hidden_size: int = 1536,
         draft_hidden_size: int = 896,
         init_weight: float = 0.5,
+        verification: str = "mixture",
         head_hidden_size: int = 0,
         normalize_features: bool = True,
         use_distribution_features: bool = False,
@@ -60,9 +66,15 @@ class DiversedHeadConfig(PreTrainedConfig):
             )
         if not (isinstance(init_weight, (int, float)) and 0.0 <= init_weight <= 1.0 and math.isfinite(init_weight)):
             raise ValueError(f"`init_weight` must be in [0, 1], got {init_weight!r}. Pass e.g. init_weight=0.5.")
+        if verification not in VERIFICATIONS:
+            raise ValueError(
+                f"`verification` must be one of {', '.join(map(repr, VERIFICATIONS))} (what the head's output sets), "
+                f"got {verification!r}."
+            )
         self.target_hidden_size = target_hidden_size
         self.draft_hidden_size = draft_hidden_size
         self.init_weight = float(init_weight)
+        self.verification = verification
         self.head_hidden_size = head_hidden_size
         self.normalize_features = normalize_features
         self.use_distribution_features = bool(use_distribution_features)

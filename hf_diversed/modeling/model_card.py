@@ -25,12 +25,30 @@ def usage_messages(task: str | None) -> str:
     )
 
 
-def render_head_card(**values: object) -> str:
-    """The README.md of a head repository; ``values`` fill :data:`CARD_FIELDS` (all required)."""
+# What the head's output sets (its config's ``verification``), as the card says it.
+RULE_SENTENCES = {
+    "mixture": "a weight w_t in [0, 1]; the target verifies against nu_t = w_t * p_t + (1 - w_t) * q_t (acceptance "
+    "1 - w_t * TV(p_t, q_t)).",
+    "lenience": "lossy SD's lenience l_t in (0, 1] (a lenience head): a drafted x is accepted with probability "
+    "min(1, p_t(x) / (l_t q_t(x))), and a rejection resamples from norm(max(0, p_t - l_t q_t)).",
+}
+CUSTOM_GENERATE = {
+    "mixture": CARD_TEMPLATE.parent / "custom_generate.md",  # the repository's standalone generate, how to call it
+    "lenience": "This head sets lossy SD's lenience, which the standalone `custom_generate` of head repositories "
+    "does not run: install hf-diversed as above.",
+}
+
+
+def render_head_card(verification: str = "mixture", **values: object) -> str:
+    """The README.md of a head repository; ``values`` fill :data:`CARD_FIELDS` (all required); ``verification`` is
+    the head config's (what its output sets)."""
     missing = [name for name in CARD_FIELDS if name not in values]
     if missing:
         raise ValueError(f"render_head_card needs {', '.join(missing)}.")
-    return CARD_TEMPLATE.read_text().format(messages=usage_messages(str(values["task"] or "")), **values)
+    section = CUSTOM_GENERATE[verification]
+    section = section.read_text().rstrip("\n") if isinstance(section, Path) else section
+    text = CARD_TEMPLATE.read_text().replace("{custom_generate}", section)
+    return text.format(messages=usage_messages(str(values["task"] or "")), rule=RULE_SENTENCES[verification], **values)
 
 
 def weights_sentence(training_weights: dict | None) -> str:

@@ -6,7 +6,8 @@
 
 The output layer starts at zero, so z_t = 0 and w_t = w0 exactly for every input: a fresh head is the
 static ensemble with w = w0. The map z -> w is continuous and increasing, saturating at 0 and 1. All maths
-runs in float32 whatever the language models' dtype.
+runs in float32 whatever the language models' dtype. A lenience head (``config.verification == "lenience"``)
+outputs the same number but it is lossy SD's lenience l_t (``DiversedLossy``): fresh, it is lossy SD with l = w0.
 """
 
 from __future__ import annotations
@@ -225,6 +226,13 @@ def reads_distribution_features(head: nn.Module) -> bool:
     ``distribution_features``."""
     config = getattr(getattr(head, "module", head), "config", None)
     return bool(getattr(config, "use_distribution_features", False))
+
+
+def head_verification(head: nn.Module) -> str:
+    """What ``head``'s output sets (``config.verification``): ``"mixture"`` (w_t) or ``"lenience"`` (l_t); a wrapped
+    head (DistributedDataParallel) too, and ``"mixture"`` for a head saved before the field existed."""
+    config = getattr(getattr(head, "module", head), "config", None)
+    return getattr(config, "verification", "mixture")
 
 
 def position_weights(

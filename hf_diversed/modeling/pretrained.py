@@ -92,7 +92,8 @@ def export_head_repo(
 
     Writes config.json (provenance set to ``target_model``/``draft_model``, e.g. Hub ids instead of local
     paths), model.safetensors, a README.md model card rendered for ``repo_id`` (keeping the source card's
-    Training and Evaluation sections) and, with ``custom_generate``, ``custom_generate/``. ``dest`` is replaced.
+    Training and Evaluation sections) and, with ``custom_generate``, ``custom_generate/`` (a mixture head's: the
+    standalone recipe does not run a lenience head, whose card says so). ``dest`` is replaced.
     """
     from .hub import write_custom_generate
     from .model_card import card_section, render_head_card, weights_sentence
@@ -119,8 +120,9 @@ def export_head_repo(
         weights=weights_sentence(config.get("training_weights")),
         training=card_section(old_card, "Training") or "Not recorded.",
         evaluation=card_section(old_card, "Evaluation") or "Not evaluated.",
+        verification=config.get("verification", "mixture"),
     )
     (dest / "README.md").write_text(card)
-    if custom_generate:
+    if custom_generate and config.get("verification", "mixture") == "mixture":  # it runs mixture heads only
         write_custom_generate(dest, repo_id)
     return dest

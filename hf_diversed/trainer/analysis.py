@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..modeling.modeling_diversed_head import position_weights
+from ..modeling.modeling_diversed_head import head_verification, position_weights
 from .imitation import roc_auc
 from .rollout import rollouts_trace, rule_weights
 
@@ -41,6 +41,11 @@ def head_diagnostics(head, rollouts: Sequence, rule=None) -> dict[str, float | N
     mean and spread of w; corr(w, TV); mean w where argmax p = argmax q and where not; the expected acceptance
     mean(1 - w TV) beside that of a static head with the same mean w; with a token-class or cascade ``rule``, the
     AUC of w for the rule's exact positions and mean w on each side."""
+    if head_verification(head) != "mixture":
+        raise ValueError(
+            "head_diagnostics reads a mixture head's w (acceptance 1 - w TV); this head sets lossy SD's lenience "
+            "(config.verification='lenience'): pass a DIVERSED mixture head."
+        )
     trace = rollouts_trace(rollouts)
     tv = trace.tv.double()
     with torch.no_grad():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from ..evaluation.weights import WEIGHTS_HELP
+from ..modeling.configuration_diversed_head import VERIFICATIONS
 
 
 @dataclass
@@ -92,6 +93,11 @@ class DiversedConfig(TrainingArguments):
 
     # ---- the head
     init_weight: float = field(default=0.5, metadata={"help": "w of a fresh head (its static ensemble)."})
+    verification: str = field(
+        default="mixture",
+        metadata={"help": "What the head's output sets: 'mixture', the weight w_t of nu_t (DIVERSED); 'lenience', "
+                  "lossy SD's lenience l_t (a fresh head is lossy SD with l = init_weight)."},
+    )  # fmt: skip
     head_hidden_size: int = field(default=0, metadata={"help": "0: one linear layer; >0: hidden layer width."})
     use_distribution_features: bool = field(
         default=False,
@@ -179,5 +185,10 @@ class DiversedConfig(TrainingArguments):
             raise ValueError(f"`max_grad_norm` must be > 0, got {self.max_grad_norm}.")
         if not 0.0 <= self.init_weight <= 1.0:
             raise ValueError(f"`init_weight` must be in [0, 1], got {self.init_weight}.")
+        if self.verification not in VERIFICATIONS:
+            raise ValueError(
+                f"`verification` must be one of {', '.join(VERIFICATIONS)} (what the head's output sets), got "
+                f"{self.verification!r}."
+            )
         if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
             raise ValueError(f"`dtype` must be auto, bfloat16, float16 or float32, got {self.dtype!r}.")

@@ -31,10 +31,10 @@ from ..evaluation.weights import weights_record
 from ..generation.trace import Trace
 from ..modeling.hub import write_custom_generate
 from ..modeling.model_card import render_head_card, weights_sentence
-from ..modeling.modeling_diversed_head import DiversedHead, position_weights
+from ..modeling.modeling_diversed_head import DiversedHead, head_verification, position_weights
 from .curves import CURVES_FILE, plot_learning_curves
 from .diversed_config import DiversedConfig
-from .objective import diversed_policy_loss, mixture_prob, reinforce_pp_advantages
+from .objective import diversed_policy_loss, emitted_prob, reinforce_pp_advantages, rejection_prob
 from .rollout import Rollout, collect_rollouts
 
 __all__ = ["DiversedConfig", "DiversedTrainer"]
@@ -79,11 +79,11 @@ def _load_init_head(config: DiversedConfig, target: torch.nn.Module, draft: torc
         cascade: SpecCascade = parse_rule(config.init_head)  # a cascade, or an error naming the valid forms
         return DiversedHead.from_cascade(
             target, draft, cascade.rule, cascade.alpha, init_weight=config.init_weight, task=config.task,
-            head_hidden_size=config.head_hidden_size,
+            head_hidden_size=config.head_hidden_size, verification=config.verification,
         )  # fmt: skip
     head = load_head(config.init_head, cache=False)  # trained in place: never the memoised instance
     defaults = DiversedConfig.__dataclass_fields__
-    for name in ("init_weight", "head_hidden_size", "use_distribution_features"):
+    for name in ("init_weight", "verification", "head_hidden_size", "use_distribution_features"):
         if getattr(config, name) != defaults[name].default and getattr(config, name) != getattr(head.config, name):
             raise ValueError(
                 f"`{name}`={getattr(config, name)} contradicts the head in `init_head` ({config.init_head!r}), which "
@@ -246,6 +246,7 @@ class DiversedTrainer(Trainer):
                 target,
                 draft,
                 init_weight=args.init_weight,
+                verification=args.verification,
                 head_hidden_size=args.head_hidden_size,
                 use_distribution_features=args.use_distribution_features,
                 task=args.task,
@@ -254,6 +255,7 @@ class DiversedTrainer(Trainer):
         head.config.training_weights = {"target": weights_record(target), "draft": weights_record(draft)}
         head.float().train()
         self.ref_head = copy.deepcopy(head).requires_grad_(False).eval()
+        self._lenience_head = head_verification(head) == "lenience"
 
         super().__init__(
             model=head,
@@ -409,13 +411,16 @@ class DiversedTrainer(Trainer):
             "h_draft": trace.h_draft, "h_target": trace.h_target, "p_y": trace.p_y, "q_y": trace.q_y,
             "tv": trace.tv, "w_old": trace.w, "features": trace.distribution_features(),
         }  # fmt: skip
+        if self._lenience_head:  # lossy SD's law at l reads S(l) and its slope at the drawing head's l_old
+            batch.update(overlap=trace.overlap, overlap_slope=trace.overlap_slope)
         batch = {k: v.to(device) for k, v in batch.items()}
+        lenience = (batch["overlap"], batch["overlap_slope"]) if self._lenience_head else None
         with torch.no_grad():
             w_ref = position_weights(self.ref_head.to(device), batch["h_draft"], batch["h_target"], batch["features"])
             eps = torch.finfo(torch.float32).tiny
             log_ratio = (
-                mixture_prob(batch["w_old"], batch["p_y"], batch["q_y"]).clamp_min(eps).log()
-                - mixture_prob(w_ref, batch["p_y"], batch["q_y"]).clamp_min(eps).log()
+                emitted_prob(batch["w_old"], batch["w_old"], batch["p_y"], batch["q_y"], lenience).clamp_min(eps).log()
+                - emitted_prob(w_ref, batch["w_old"], batch["p_y"], batch["q_y"], lenience).clamp_min(eps).log()
             )
             kl_per_seq = torch.stack([s.sum() for s in log_ratio.cpu().split(lengths)]) if rollouts else torch.zeros(0)
         rewards = task_rewards - args.kl_coef * kl_per_seq
@@ -436,7 +441,7 @@ class DiversedTrainer(Trainer):
                 float(kl_per_seq.sum()),
                 float(sum(r.cut for r in rollouts)),
                 float(sum(lengths)),
-                float((batch["w_old"] * batch["tv"]).sum()),
+                float(rejection_prob(batch["w_old"], batch["w_old"], batch["tv"], lenience).sum()),
             ],
             dtype=torch.float64,
         )
@@ -485,9 +490,11 @@ class DiversedTrainer(Trainer):
             raise ValueError("DiversedTrainer.compute_loss has no outputs to return.")
         w = position_weights(model, inputs["h_draft"], inputs["h_target"], inputs["features"])
         normalizer = max(inputs["num_positions"], 1.0) / self.accelerator.num_processes
+        lenience = (inputs["overlap"], inputs["overlap_slope"]) if self._lenience_head else None
         loss, parts = diversed_policy_loss(
             w, inputs["w_old"], inputs["p_y"], inputs["q_y"], inputs["tv"], inputs["advantages"],
             clip_eps=self.args.epsilon, acceptance_coef=self.args.acceptance_coef, normalizer=normalizer,
+            lenience=lenience,
         )  # fmt: skip
         for key in ("policy_loss", "clip_frac"):
             self._rollout_metrics[key].append(parts[key])
@@ -640,6 +647,7 @@ class DiversedTrainer(Trainer):
             repo_id=args.hub_model_id or args.output_dir,
             training=training_section(args),
             evaluation=evaluation,
+            verification=head_verification(head),
         )
 
     def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
@@ -658,8 +666,10 @@ class DiversedTrainer(Trainer):
         super().save_model(output_dir, _internal_call)
         if self.is_world_process_zero():
             (Path(output_dir) / "README.md").write_text(self.model_card())
-            # The repository's transformers-only recipe; without a Hub id it loads the head from this directory.
-            write_custom_generate(Path(output_dir), self.args.hub_model_id or str(Path(output_dir).resolve()))
+            # The repository's transformers-only recipe; without a Hub id it loads the head from this directory. It
+            # runs mixture heads only (a lenience head's card says so).
+            if not self._lenience_head:
+                write_custom_generate(Path(output_dir), self.args.hub_model_id or str(Path(output_dir).resolve()))
 
 
 def resolve_checkpoint(value: str | bool | None, output_dir: str | os.PathLike) -> str | None:

@@ -164,6 +164,8 @@ def _check_engine(spec: str, params: Any, vllm_config: Any, head: str | None) ->
         )
     if vllm_config.use_v2_model_runner:
         rule = None if needs_tokenizer(spec) else resolve_rule(spec)
+        if rule is not None and head is not None:
+            rule = heads.head_rule(rule, heads.load(head))  # a lenience head runs lossy SD
         reason = _mrv2.refusal(spec, rule, head, vllm_config)
         if reason is not None:
             raise RuleError(reason)
@@ -237,7 +239,8 @@ def _mrv2_row(runner: Any, params: Any) -> _mrv2.Row:
     """The rule and head of a request with these sampling parameters (Model Runner V2's runner)."""
     request = requested(getattr(params, "extra_args", None), _defaults(runner.vllm_config))
     rule = resolve_rule(request.spec, _worker_tokenizer(runner) if needs_tokenizer(request.spec) else None)
-    return _mrv2.Row(rule, heads.head_on(request.head, runner.device) if request.head is not None else None)
+    head = heads.head_on(request.head, runner.device) if request.head is not None else None
+    return _mrv2.Row(rule if head is None else heads.head_rule(rule, head), head)
 
 
 def _row_of(runner: Any, req_id: str) -> tuple[VerificationRule, Any, str | None]:
@@ -247,7 +250,7 @@ def _row_of(runner: Any, req_id: str) -> tuple[VerificationRule, Any, str | None
     request = requested(getattr(params, "extra_args", None), _defaults(runner.vllm_config))
     rule = resolve_rule(request.spec, _worker_tokenizer(runner) if needs_tokenizer(request.spec) else None)
     head = heads.head_on(request.head, runner.device) if request.head is not None else None
-    return rule, head, request.head
+    return (rule if head is None else heads.head_rule(rule, head)), head, request.head
 
 
 def target_rows(spec_decode_metadata: Any) -> torch.Tensor:

@@ -2,9 +2,10 @@
 
 At a drafted position t the head reads the two models' last hidden states, the inputs of their LM heads at the
 position whose logits give p_t and q_t (and, for a head with ``use_distribution_features``, max p_t, max q_t and
-TV(p_t, q_t) from the laws verification uses), and gives w_t; the request then runs the mixture rule with that w_t,
-as ``generate`` does. Heads load the way ``generate`` loads them (:func:`hf_diversed.modeling.hub.load_head`: a Hub
-id or a local directory, safetensors only, no repository code) and run in float32 on the target's device.
+TV(p_t, q_t) from the laws verification uses), and gives w_t; the request then runs the head's rule with that w_t
+(the mixture weight, or a lenience head's l_t), as ``generate`` does. Heads load the way ``generate`` loads them
+(:func:`hf_diversed.modeling.hub.load_head`: a Hub id or a local directory, safetensors only, no repository code)
+and run in float32 on the target's device.
 """
 
 from __future__ import annotations
@@ -13,9 +14,15 @@ from collections.abc import Sequence
 
 import torch
 
+from ...generation.verification import VerificationRule, rule_for_head
 from ...modeling.draft_vocabulary import note_head_draft_vocabulary
 from ...modeling.hub import load_head
-from ...modeling.modeling_diversed_head import DiversedHead, distribution_features, position_weights
+from ...modeling.modeling_diversed_head import (
+    DiversedHead,
+    distribution_features,
+    head_verification,
+    position_weights,
+)
 from .rules import HEAD_KEY, RuleError
 
 _on_device: dict[tuple[str, str], DiversedHead] = {}
@@ -27,6 +34,14 @@ def load(name: str) -> DiversedHead:
         return load_head(name)
     except (OSError, ValueError) as err:
         raise RuleError(f'"{HEAD_KEY}": {" ".join(str(err).split())}') from None
+
+
+def head_rule(rule: VerificationRule, head: DiversedHead) -> VerificationRule:
+    """The rule a request with ``head`` runs (:func:`rule_for_head`); :class:`RuleError` names a mismatch."""
+    try:
+        return rule_for_head(rule, head_verification(head))
+    except ValueError as err:
+        raise RuleError(str(err)) from None
 
 
 def check_fits(head: DiversedHead, target_hidden_size: int, draft_hidden_size: int) -> None:

@@ -20,6 +20,7 @@ from ...generation.verification import ExactSD, VerificationRule, parse_rule, pa
 
 VERIFIER_KEY = "diversed_verifier"
 HEAD_KEY = "diversed_head"
+HEAD_RULES = ("diversed", "diversed-lossy")  # the rules a head sets: its mixture weight, or its lenience
 
 
 class RuleError(ValueError):
@@ -55,16 +56,16 @@ def requested(extra_args: Mapping[str, Any] | None, defaults: Mapping[str, Any] 
     head = _text(extra.get(HEAD_KEY), HEAD_KEY, "org/head-gsm8k")
     if spec is None and head is None:
         spec = _text(defaults.get(VERIFIER_KEY), VERIFIER_KEY, "static:0.5")
-    if head is None and (spec is None or spec.lower() == "diversed"):
+    if head is None and (spec is None or spec.lower() in HEAD_RULES):
         head = _text(defaults.get(HEAD_KEY), HEAD_KEY, "org/head-gsm8k")
     if spec is None:
         spec = "diversed" if head is not None else "exact"
-    if head is not None and spec.lower() != "diversed":
+    if head is not None and spec.lower() not in HEAD_RULES:
         raise RuleError(
             f'"{HEAD_KEY}" is only used by the DIVERSED rule, but "{VERIFIER_KEY}" selects {spec!r}: drop one '
             f"(a head alone selects DIVERSED)."
         )
-    if head is None and spec.lower() == "diversed":
+    if head is None and spec.lower() in HEAD_RULES:
         raise RuleError(f'The DIVERSED rule needs an ensemble head: add "{HEAD_KEY}": "org/head-gsm8k" (or a path).')
     return Request(spec, head)
 
