@@ -22,8 +22,9 @@ class Trace:
 
     At the emitted token y_t: ``p_y`` = p_t(y_t), ``q_y`` = q_t(y_t) (after logits processors), ``tv`` =
     TV(p_t, q_t), ``w`` the mixture weight the rule used, so the rule's law there is
-    nu_t(y) = w_t p_t(y) + (1 - w_t) q_t(y); ``accepted`` whether y_t is an accepted draft (False: the
-    correction); ``top_p`` / ``top_q`` = argmax p_t / q_t and ``max_p`` / ``max_q`` their probabilities;
+    nu_t(y) = w_t p_t(y) + (1 - w_t) q_t(y) (a lenience head's l_t: the law is then lossy SD's at l_t);
+    ``accepted`` whether y_t is an accepted draft (False: the correction); ``top_p`` / ``top_q`` = argmax p_t /
+    q_t and ``max_p`` / ``max_q`` their probabilities;
     ``h_draft`` / ``h_target`` the head's inputs (None where the loop ran without a head); ``overlap`` = S_t(w_t) =
     sum_v min(p_t(v), w_t q_t(v)) and ``overlap_slope`` its derivative in w_t (``lenience_overlap``), which a
     lenience head's law at its output l_t = w_t reads (None in traces recorded before they were).
