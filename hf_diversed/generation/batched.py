@@ -55,7 +55,7 @@ from .candidate_generator import LastHiddenStateRecorder
 from .checks import CONTEXT_FREE_PROCESSORS, check_pair
 from .stats import DiversedStats
 from .trace import Trace, TraceBuilder
-from .verification import VerificationRule, lenience_overlap, parse_rule, rule_for_head
+from .verification import LossySD, VerificationRule, lenience_overlap, parse_rule, rule_for_head
 
 __all__ = ["SampleRequest", "SampleResult", "SamplerConfig", "sample_batched"]
 
@@ -490,7 +490,13 @@ class _Sampler:
         if any(row.trace is not None for row in rows):
             top_p, top_q = p.argmax(-1).tolist(), q.argmax(-1).tolist()
             max_p, max_q = p.amax(-1).tolist(), q.amax(-1).tolist()
-            overlap, overlap_slope = (t.tolist() for t in lenience_overlap(p, q, w))
+        # S(l) and its slope, which only a lenience head's trainer reads: on the traced drafted rows of lossy rules
+        lossy = [i for i in drafted if rows[i].trace is not None and isinstance(rows[i].rule, LossySD)]
+        overlaps: dict[int, dict[str, float]] = {}
+        if lossy:
+            at = torch.tensor(lossy, device=p.device)
+            overlap, slope = (t.tolist() for t in lenience_overlap(p[at], q[at], w[at]))
+            overlaps = {i: {"overlap": o, "overlap_slope": s} for i, o, s in zip(lossy, overlap, slope, strict=True)}
         for i, row in enumerate(rows):
             if row.k < row.round_n:  # a drafted position
                 if x[i] in self.eos:
@@ -505,8 +511,7 @@ class _Sampler:
                     row.trace.append(
                         tokens=token, p_y=float(p[i, token]), q_y=float(q[i, token]), tv=tv_list[i], w=w_list[i],
                         accepted=ok, top_p=top_p[i], top_q=top_q[i], max_p=max_p[i], max_q=max_q[i],
-                        overlap=overlap[i], overlap_slope=overlap_slope[i],
-                        h_draft=h_draft[i].float().cpu(), h_target=h_target[i].float().cpu(),
+                        h_draft=h_draft[i].float().cpu(), h_target=h_target[i].float().cpu(), **overlaps.get(i, {}),
                     )  # fmt: skip
             else:  # the bonus position
                 token, ends = bonus_tokens[i], True

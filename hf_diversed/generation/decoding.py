@@ -35,7 +35,7 @@ from ._compat import (
 from .candidate_generator import DiversedCandidateGenerator, LastHiddenStateRecorder
 from .stats import DiversedStats
 from .trace import Trace
-from .verification import VerificationRule, lenience_overlap
+from .verification import LossySD, VerificationRule, lenience_overlap
 
 
 @dataclass
@@ -70,10 +70,11 @@ def _trace_round(
     weight,
     tv,
     candidate_length: int,
+    lenience: bool = False,
 ) -> Trace | None:
     """One round's emitted *drafted* positions (accepted drafts and the correction token, after the EOS / length
     crops; never the bonus token) as a :class:`Trace`; None when the round emitted none. The head's inputs are
-    recorded when the loop runs a head."""
+    recorded when the loop runs a head; S(l) and its slope with ``lenience`` (a lossy rule's trace)."""
     k = min(valid_tokens.shape[1], candidate_length)
     if k <= 0:
         return None
@@ -81,7 +82,9 @@ def _trace_round(
     p = new_logits[0, :k].float().softmax(-1)
     q = candidate_logits[0, :k].float().softmax(-1)
     w = weight[0, :k].detach().float().to(p.device)
-    overlap, overlap_slope = lenience_overlap(p, q, w)
+    overlap = overlap_slope = None
+    if lenience:  # S(l) and its slope, which only a lenience head's trainer reads
+        overlap, overlap_slope = (t.detach().cpu() for t in lenience_overlap(p, q, w))
     h_target = h_draft = None
     if target_recorder is not None and candidate_generator.draft_hidden_states is not None:
         h_target = target_recorder.states[-1][0, -candidate_length - 1 : -1][:k].detach().float().cpu()
@@ -99,8 +102,8 @@ def _trace_round(
         max_q=q.amax(-1).detach().cpu(),
         h_draft=h_draft,
         h_target=h_target,
-        overlap=overlap.detach().cpu(),
-        overlap_slope=overlap_slope.detach().cpu(),
+        overlap=overlap,
+        overlap_slope=overlap_slope,
     )
 
 
@@ -256,6 +259,7 @@ def assisted_decoding(
                 verdict.weight,
                 verdict.tv,
                 candidate_length,
+                lenience=isinstance(settings.rule, LossySD),
             )
             if trace is not None:
                 settings.trace.append(trace)

@@ -27,7 +27,7 @@ class Trace:
     q_t and ``max_p`` / ``max_q`` their probabilities;
     ``h_draft`` / ``h_target`` the head's inputs (None where the loop ran without a head); ``overlap`` = S_t(w_t) =
     sum_v min(p_t(v), w_t q_t(v)) and ``overlap_slope`` its derivative in w_t (``lenience_overlap``), which a
-    lenience head's law at its output l_t = w_t reads (None in traces recorded before they were).
+    lenience head's law at its output l_t = w_t reads (recorded for lossy rules only: None elsewhere).
 
     Shapes (T,) (``h_*``: (T, D_draft), (T, D_target)); tokens, ``top_*`` int64, ``accepted`` bool, the rest
     float32; detached, on CPU.
@@ -88,16 +88,15 @@ _DTYPES = {
     "top_q": torch.long,
     "max_p": torch.float32,
     "max_q": torch.float32,
-    "overlap": torch.float32,
-    "overlap_slope": torch.float32,
 }
+_OPTIONAL = ("overlap", "overlap_slope")  # float32 scalars some producers record
 
 
 class TraceBuilder:
     """A :class:`Trace` grown one position at a time: Python scalars, and the head's inputs as (D,) rows."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list] = {name: [] for name in (*_DTYPES, "h_draft", "h_target")}
+        self.columns: dict[str, list] = {name: [] for name in (*_DTYPES, *_OPTIONAL, "h_draft", "h_target")}
 
     def append(self, **position) -> None:
         """Add one position: every field of :class:`Trace` by name (``h_draft`` / ``h_target`` as (D,) tensors)."""
@@ -107,6 +106,10 @@ class TraceBuilder:
     def build(self, draft_hidden_size: int | None = None, target_hidden_size: int | None = None) -> Trace:
         """The trace so far; hidden states stacked, or (0, D) empty where the widths are given, else None."""
         values = {name: torch.tensor(self.columns[name], dtype=dtype) for name, dtype in _DTYPES.items()}
+        positions = len(self.columns["tokens"])
+        for name in _OPTIONAL:  # recorded at every position, or at none (then None, unless there is no position)
+            rows = self.columns[name]
+            values[name] = torch.tensor(rows, dtype=torch.float32) if rows or not positions else None
         for name, width in (("h_draft", draft_hidden_size), ("h_target", target_hidden_size)):
             rows = self.columns[name]
             if rows:
