@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..generation.verification import LENIENCE_FLOOR
+
 __all__ = [
     "diversed_policy_loss",
     "emitted_prob",
@@ -44,8 +46,6 @@ def overlap_near(lenience: torch.Tensor, lenience_old: torch.Tensor, overlap_old
 
 
 def _lenience(w: torch.Tensor) -> torch.Tensor:
-    from ..generation.verification import LENIENCE_FLOOR
-
     return w.clamp_min(LENIENCE_FLOOR)  # as DiversedLossy.weights clamps the head's output
 
 
