@@ -107,7 +107,9 @@ def test_a_varying_lenience_head_draws_in_the_sampler_what_generate_draws_and_tr
         torch.testing.assert_close(position_weights(head, t.h_draft, t.h_target).clamp_min(1e-3), t.w, atol=1e-5,
                                    rtol=0)  # fmt: skip
         # S_t(l_t) / l_t is the acceptance probability at t, in (0, 1]; the slope is a probability mass
-        assert ((t.overlap > 0) & (t.overlap <= t.w + 1e-6) & (t.overlap_slope >= 0) & (t.overlap_slope <= 1)).all()
+        # (float32 sums over the vocabulary: 1e-5 of rounding)
+        assert ((t.overlap >= 0) & (t.overlap <= t.w + 1e-5)).all(), (t.overlap, t.w)
+        assert ((t.overlap_slope >= 0) & (t.overlap_slope <= 1 + 1e-5)).all(), t.overlap_slope
 
 
 def test_traces_of_generate_and_of_the_sampler_record_the_same_overlap(pair):
