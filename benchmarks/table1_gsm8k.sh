@@ -25,13 +25,12 @@ MLP_HEAD=docs/training/gsm8k-full/mlp64-lr5e-4-lambda-0.01
 if [[ -f "$MLP_HEAD/model.safetensors" ]]; then
     HEADS+=(--head "$MLP_HEAD")
 fi
-hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 "${HEADS[@]}" --methods diversed
-
-# 1c. The lenience head (started as lossy SD 0.2; training/recipes/gsm8k-lenience.yaml), once its run has finished.
+# and the lenience head started as lossy SD 0.2 (training/recipes/gsm8k-lenience.yaml), once its run has finished.
 LENIENCE_HEAD=docs/training/gsm8k-lenience/lossy0.2-lambda-0.01
 if [[ -f "$LENIENCE_HEAD/model.safetensors" ]]; then
-    hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 --head "$LENIENCE_HEAD" --methods diversed
+    HEADS+=(--head "$LENIENCE_HEAD")
 fi
+hf-diversed bench "${COMMON[@]}" --temperature 1 --num-examples 150 "${HEADS[@]}" --methods diversed
 
 # 2. T = 1, 50 rows: a second lenience and alpha, Chow and Diff (values from docs/table1/gsm8k-pilot), and exact SD
 #    with the LoRA-distilled draft.
